@@ -1,0 +1,7 @@
+//! Datum streams PostgreSQL changes through sandboxed WebAssembly transforms.
+//!
+//! The library holds everything the `datum` binary does, so that tests drive
+//! it in-process. See `DESIGN.md` for the architecture and the delivery
+//! contract.
+
+pub mod throwaway;

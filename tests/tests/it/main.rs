@@ -1,0 +1,5 @@
+//! Datum's integration tests: one binary, one module per topic. Every test
+//! that needs PostgreSQL starts its own throwaway cluster (see
+//! `docs/testing.md` for why one per test rather than a shared one).
+
+mod harness;
