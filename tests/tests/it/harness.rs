@@ -168,9 +168,7 @@ async fn scram_login_needs_the_right_password() {
         "unexpected error: {text}"
     );
 
-    let missing = try_connect(&base)
-        .await
-        .expect_err("no password, no login");
+    let missing = try_connect(&base).await.expect_err("no password, no login");
     // tokio-postgres refuses client-side once the server asks for a password.
     assert!(
         format!("{missing:?}").contains("password missing"),

@@ -1,0 +1,56 @@
+# Datum's tasks. `just` lists them.
+
+set shell := ["bash", "-euo", "pipefail", "-c"]
+
+# List the recipes.
+default:
+    @just --list
+
+# Run the demo on a throwaway local PostgreSQL.
+demo:
+    @echo "The demo is not built yet: it arrives with \`datum run\` (issue 7)."
+    @echo "Until then, \`just test\` shows what works: it starts throwaway PostgreSQL clusters."
+
+# Run the whole test suite (unit, integration, against real PostgreSQL).
+test: _pg _wasm-target
+    #!/usr/bin/env bash
+    set -euo pipefail
+    if cargo nextest --version >/dev/null 2>&1; then
+        cargo nextest run --workspace
+    else
+        echo "cargo-nextest not found (cargo install cargo-nextest --locked); using cargo test" >&2
+        cargo test --workspace
+    fi
+
+# Build every example module for wasm32-wasip1 in release mode.
+wasm: _wasm-target
+    #!/usr/bin/env bash
+    set -euo pipefail
+    shopt -s nullglob
+    built=0
+    for manifest in examples-wasm/*/Cargo.toml; do
+        cargo build --release --target wasm32-wasip1 --manifest-path "$manifest"
+        built=$((built + 1))
+    done
+    echo "built $built example module(s) into target/wasm32-wasip1/release/"
+
+# Formatting and clippy, as CI wants them.
+lint:
+    cargo fmt --all -- --check
+    cargo clippy --workspace --all-targets -- -D warnings
+
+# Benchmarks, each figure beside a baseline measured in the same run.
+bench *ARGS: _pg
+    @echo "The streaming benchmarks arrive with issue 9. Measuring the test harness:"
+    cargo run --release -q -p datum-tests --bin harness-cost {{ARGS}}
+
+# Fail early, saying what to install, when PostgreSQL is missing.
+_pg:
+    @scripts/pg-bin >/dev/null
+
+_wasm-target:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    if ! rustup target list --installed | grep -qx wasm32-wasip1; then
+        rustup target add wasm32-wasip1
+    fi
