@@ -4,4 +4,6 @@
 //! it in-process. See `DESIGN.md` for the architecture and the delivery
 //! contract.
 
+pub mod batch;
+pub mod source;
 pub mod throwaway;

@@ -15,6 +15,12 @@
 //!   through `PR_SET_PDEATHSIG`, and the next harness run sweeps the directory
 //!   of any cluster whose owner process is gone.
 //!
+//! With [`Builder::ssl`] the server also speaks TLS, with a certificate for
+//! `localhost`, `127.0.0.1` and `::1` signed by a CA made for that cluster
+//! alone ([`Cluster::ca_cert`]), so clients can test every `sslmode` up to
+//! `verify-full`. Logins in the `datum_auth_ssl` group
+//! ([`PasswordAuth::ScramSsl`]) are refused without TLS.
+//!
 //! It does not own SQL clients: callers connect with the URL, conninfo string or
 //! socket directory it hands out. [`Cluster::psql`] exists for setup statements
 //! in code that has no client of its own.
@@ -40,7 +46,7 @@ use nix::unistd::{Gid, Pid, Uid, User};
 
 /// Bump when the template's `initdb` arguments, `pg_hba.conf` or setup SQL
 /// change, so that stale cached templates are not reused.
-const TEMPLATE_REVISION: u32 = 1;
+const TEMPLATE_REVISION: u32 = 2;
 
 /// Name prefix of everything this module creates in the temporary directory.
 const PREFIX: &str = "datum-pg-";
@@ -108,6 +114,15 @@ pub enum HarnessError {
         status: String,
         /// What it printed.
         output: String,
+    },
+    /// The throwaway CA or server certificate could not be made.
+    #[error("generating the throwaway TLS certificates ({what}): {source}")]
+    Certificate {
+        /// Which step failed.
+        what: &'static str,
+        /// The underlying error.
+        #[source]
+        source: rcgen::Error,
     },
     /// The server did not come up.
     #[error("PostgreSQL did not start: {reason}; server log:\n{log}")]
@@ -273,7 +288,7 @@ impl RunAs {
 
 /// How a login created by [`Cluster::create_login`] must authenticate.
 ///
-/// The template's `pg_hba.conf` gives members of three group roles a password
+/// The template's `pg_hba.conf` gives members of four group roles a password
 /// method, and everyone else `trust`; a login is put in the group of its method.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PasswordAuth {
@@ -283,6 +298,10 @@ pub enum PasswordAuth {
     Md5,
     /// `password`: the password is sent in clear text (use TLS).
     Cleartext,
+    /// `scram-sha-256`, and only over TLS (`hostssl`): without TLS, and on
+    /// the unix socket, the login is rejected. Needs a cluster started with
+    /// [`Builder::ssl`].
+    ScramSsl,
 }
 
 impl PasswordAuth {
@@ -291,21 +310,23 @@ impl PasswordAuth {
             PasswordAuth::Scram => "datum_auth_scram",
             PasswordAuth::Md5 => "datum_auth_md5",
             PasswordAuth::Cleartext => "datum_auth_password",
+            PasswordAuth::ScramSsl => "datum_auth_ssl",
         }
     }
 
     fn hba_method(self) -> &'static str {
         match self {
-            PasswordAuth::Scram => "scram-sha-256",
+            PasswordAuth::Scram | PasswordAuth::ScramSsl => "scram-sha-256",
             PasswordAuth::Md5 => "md5",
             PasswordAuth::Cleartext => "password",
         }
     }
 
-    const ALL: [PasswordAuth; 3] = [
+    const ALL: [PasswordAuth; 4] = [
         PasswordAuth::Scram,
         PasswordAuth::Md5,
         PasswordAuth::Cleartext,
+        PasswordAuth::ScramSsl,
     ];
 }
 
@@ -319,6 +340,16 @@ fn hba_conf() -> String {
         for database in ["all", "replication"] {
             let user = format!("+{}", auth.group());
             let method = auth.hba_method();
+            if auth == PasswordAuth::ScramSsl {
+                // TLS or nothing. On a cluster without ssl=on the hostssl
+                // lines never match (the server logs that once at start).
+                hba.push_str(&format!("local {database} {user} reject\n"));
+                for address in ["127.0.0.1/32", "::1/128"] {
+                    hba.push_str(&format!("hostssl {database} {user} {address} {method}\n"));
+                    hba.push_str(&format!("hostnossl {database} {user} {address} reject\n"));
+                }
+                continue;
+            }
             hba.push_str(&format!("local {database} {user} {method}\n"));
             hba.push_str(&format!("host {database} {user} 127.0.0.1/32 {method}\n"));
             hba.push_str(&format!("host {database} {user} ::1/128 {method}\n"));
@@ -358,6 +389,7 @@ pub struct Builder {
     settings: BTreeMap<String, String>,
     handle_signals: bool,
     base_dir: Option<PathBuf>,
+    ssl: bool,
 }
 
 impl Default for Builder {
@@ -366,6 +398,7 @@ impl Default for Builder {
             settings: default_settings(),
             handle_signals: true,
             base_dir: None,
+            ssl: false,
         }
     }
 }
@@ -409,6 +442,15 @@ impl Builder {
         self
     }
 
+    /// Whether the server accepts TLS (off by default). On: a CA and a
+    /// server certificate for `localhost`, `127.0.0.1` and `::1` are made for
+    /// this cluster alone, and it starts with `ssl=on`; clients verify it
+    /// with [`Cluster::ca_cert`] (e.g. `sslmode=verify-full`).
+    pub fn ssl(mut self, on: bool) -> Builder {
+        self.ssl = on;
+        self
+    }
+
     /// Creates and starts the cluster; returns once it accepts connections.
     pub fn start(self) -> Result<Cluster> {
         let binaries = Binaries::locate()?;
@@ -428,9 +470,19 @@ impl Builder {
             port: 0,
             child: None,
             run_as,
+            ca_cert: None,
         };
         copy_dir(&template.join("data"), &cluster.data_dir())?;
-        cluster.launch(&self.settings)?;
+        let mut settings = self.settings;
+        if self.ssl {
+            cluster.ca_cert = Some(install_certificates(
+                &cluster.root,
+                &cluster.data_dir(),
+                cluster.run_as.as_ref(),
+            )?);
+            settings.insert("ssl".to_owned(), "on".to_owned());
+        }
+        cluster.launch(&settings)?;
         Ok(cluster)
     }
 }
@@ -443,6 +495,7 @@ pub struct Cluster {
     port: u16,
     child: Option<Child>,
     run_as: Option<RunAs>,
+    ca_cert: Option<PathBuf>,
 }
 
 impl fmt::Debug for Cluster {
@@ -451,6 +504,7 @@ impl fmt::Debug for Cluster {
             .field("root", &self.root)
             .field("port", &self.port)
             .field("pid", &self.child.as_ref().map(Child::id))
+            .field("ssl", &self.ca_cert.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -528,6 +582,28 @@ impl Cluster {
         )
     }
 
+    /// The PEM file of the CA that signed the server's certificate, when the
+    /// cluster was started with [`Builder::ssl`]; `None` otherwise.
+    pub fn ca_cert(&self) -> Option<PathBuf> {
+        self.ca_cert.clone()
+    }
+
+    /// A libpq `key=value` string for the superuser over TLS, verifying the
+    /// server against [`Cluster::ca_cert`] (`sslmode=verify-full`); `None`
+    /// when the cluster was started without [`Builder::ssl`].
+    pub fn ssl_conninfo(&self, database: &str) -> Option<String> {
+        let ca = self.ca_cert.as_ref()?;
+        Some(format!(
+            "host=localhost port={} user={SUPERUSER} dbname={database} sslmode=verify-full \
+             sslrootcert='{}'",
+            self.port,
+            ca.display()
+                .to_string()
+                .replace('\\', "\\\\")
+                .replace('\'', "\\'")
+        ))
+    }
+
     /// What the server has logged so far.
     pub fn log(&self) -> String {
         fs::read_to_string(self.root.join("server.log")).unwrap_or_default()
@@ -593,7 +669,9 @@ impl Cluster {
     ) -> Result<()> {
         let encryption = match auth {
             PasswordAuth::Md5 => "md5",
-            PasswordAuth::Scram | PasswordAuth::Cleartext => "scram-sha-256",
+            PasswordAuth::Scram | PasswordAuth::Cleartext | PasswordAuth::ScramSsl => {
+                "scram-sha-256"
+            }
         };
         let sql = format!(
             "SET password_encryption = '{encryption}';\n\
@@ -822,6 +900,61 @@ fn create_root(base: &Path, run_as: Option<&RunAs>) -> Result<PathBuf> {
         .map_err(HarnessError::io(format!("writing {}", owner.display())))?;
     RunAs::chown(run_as, &root)?;
     Ok(root)
+}
+
+/// Makes a CA for this cluster alone and a server certificate it signs for
+/// `localhost`, `127.0.0.1` and `::1`; writes the server's pair where
+/// `ssl=on` looks for it (`server.crt`, `server.key` in the data directory,
+/// the key private to the server's user as PostgreSQL insists) and the CA
+/// to `ca.crt` in the cluster's root. Returns the CA's path.
+fn install_certificates(root: &Path, data: &Path, run_as: Option<&RunAs>) -> Result<PathBuf> {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
+    let failed = |what: &'static str| move |source| HarnessError::Certificate { what, source };
+
+    let ca_key = KeyPair::generate().map_err(failed("generating the CA key"))?;
+    let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(failed("the CA"))?;
+    ca.distinguished_name
+        .push(DnType::CommonName, "Datum throwaway CA");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca = ca.self_signed(&ca_key).map_err(failed("signing the CA"))?;
+
+    let server_key = KeyPair::generate().map_err(failed("generating the server key"))?;
+    let names = ["localhost", "127.0.0.1", "::1"]
+        .map(str::to_owned)
+        .to_vec();
+    let mut server = CertificateParams::new(names).map_err(failed("the server certificate"))?;
+    server
+        .distinguished_name
+        .push(DnType::CommonName, "localhost");
+    let server = server
+        .signed_by(&server_key, &ca, &ca_key)
+        .map_err(failed("signing the server certificate"))?;
+
+    write_private(&data.join("server.crt"), &server.pem(), 0o644, run_as)?;
+    write_private(
+        &data.join("server.key"),
+        &server_key.serialize_pem(),
+        0o600,
+        run_as,
+    )?;
+    let ca_path = root.join("ca.crt");
+    write_private(&ca_path, &ca.pem(), 0o644, run_as)?;
+    Ok(ca_path)
+}
+
+/// Writes a new file with `mode`, owned by the server's user.
+fn write_private(path: &Path, contents: &str, mode: u32, run_as: Option<&RunAs>) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(path)
+        .map_err(HarnessError::io(format!("creating {}", path.display())))?;
+    file.write_all(contents.as_bytes())
+        .map_err(HarnessError::io(format!("writing {}", path.display())))?;
+    RunAs::chown(run_as, path)
 }
 
 fn copy_dir(from: &Path, to: &Path) -> Result<()> {
@@ -1188,6 +1321,27 @@ mod tests {
             "the pid follows .building-"
         );
         assert_eq!(building_owner("00ff"), None);
+    }
+
+    #[test]
+    fn hba_lets_the_ssl_group_in_only_over_tls() {
+        let hba = hba_conf();
+        let trust = hba.find("all all trust").expect("trust rule");
+        for rule in [
+            "local all +datum_auth_ssl reject",
+            "hostssl all +datum_auth_ssl 127.0.0.1/32 scram-sha-256",
+            "hostnossl all +datum_auth_ssl 127.0.0.1/32 reject",
+            "hostnossl replication +datum_auth_ssl ::1/128 reject",
+        ] {
+            let at = hba
+                .find(rule)
+                .unwrap_or_else(|| panic!("no `{rule}` in:\n{hba}"));
+            assert!(at < trust, "`{rule}` must come before trust:\n{hba}");
+        }
+        assert!(
+            !hba.contains("host all +datum_auth_ssl"),
+            "no rule may admit the ssl group without TLS:\n{hba}"
+        );
     }
 
     #[test]

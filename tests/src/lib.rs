@@ -29,3 +29,5 @@ pub async fn try_connect(conninfo: &str) -> Result<tokio_postgres::Client, tokio
 pub fn cluster() -> Cluster {
     Cluster::start().unwrap_or_else(|err| panic!("starting a throwaway PostgreSQL: {err}"))
 }
+
+pub mod stream;

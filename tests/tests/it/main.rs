@@ -3,3 +3,4 @@
 //! `docs/testing.md` for why one per test rather than a shared one).
 
 mod harness;
+mod source;

@@ -1,0 +1,132 @@
+//! The host's in-memory batch: what the source produces and the transforms
+//! and sinks consume.
+//!
+//! Owns the shape of changes inside the host: rows are values aligned with
+//! their relation's columns, and the relation (names, types, key flags) is
+//! shared by every change of that table instead of being copied per row. It
+//! does not own how a batch crosses to a module or a sink (that is the wire
+//! format's job), nor where batches come from.
+
+use std::sync::Arc;
+
+use datum_guest::{Txn, Value};
+
+use crate::source::TypeKind;
+use crate::source::lsn::Lsn;
+
+/// Which old values PostgreSQL sends for updates and deletes of a table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplicaIdentity {
+    /// The primary key.
+    Default,
+    /// Nothing: updates and deletes cannot be replicated.
+    Nothing,
+    /// Every column.
+    Full,
+    /// The columns of a chosen unique index.
+    Index,
+}
+
+/// A table as the replication stream describes it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Relation {
+    /// The table's OID on the source server.
+    pub oid: u32,
+    /// Schema name.
+    pub schema: String,
+    /// Table name.
+    pub table: String,
+    /// Replica identity.
+    pub replica_identity: ReplicaIdentity,
+    /// Columns, in the order of row values.
+    pub columns: Vec<Column>,
+}
+
+/// A column of a [`Relation`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Column {
+    /// Column name.
+    pub name: String,
+    /// Type OID on the source server.
+    pub type_oid: u32,
+    /// Type name: built-in names as in `pg_catalog` (`int4`, `text[]`),
+    /// others schema-qualified unless in `public`.
+    pub type_name: String,
+    /// Type modifier (`atttypmod`), -1 if none.
+    pub type_modifier: i32,
+    /// Part of the replica identity (the key).
+    pub key: bool,
+    /// How the column's text becomes a value.
+    pub(crate) kind: TypeKind,
+}
+
+/// The old values of an updated or deleted row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OldRow {
+    /// Only the key columns carry values (`REPLICA IDENTITY DEFAULT` or
+    /// `INDEX`); the others are `Null`, meaning "not sent", not SQL NULL.
+    pub key_only: bool,
+    /// Values aligned with the relation's columns.
+    pub values: Vec<Value>,
+}
+
+/// One change.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change {
+    /// A row was inserted.
+    Insert {
+        /// The table.
+        relation: Arc<Relation>,
+        /// The new row.
+        new: Vec<Value>,
+    },
+    /// A row was updated.
+    Update {
+        /// The table.
+        relation: Arc<Relation>,
+        /// The old row, when the replica identity supplies it (the key when it
+        /// changed, or every column under `REPLICA IDENTITY FULL`).
+        old: Option<OldRow>,
+        /// The new row; unchanged TOAST values are `Unchanged` unless the old
+        /// row supplied them.
+        new: Vec<Value>,
+    },
+    /// A row was deleted.
+    Delete {
+        /// The table.
+        relation: Arc<Relation>,
+        /// The old row (its key, or every column under FULL).
+        old: OldRow,
+    },
+    /// Tables were truncated, in one statement.
+    Truncate {
+        /// The tables.
+        relations: Vec<Arc<Relation>>,
+        /// `TRUNCATE ... CASCADE`.
+        cascade: bool,
+        /// `TRUNCATE ... RESTART IDENTITY`.
+        restart_identity: bool,
+    },
+    /// A `pg_logical_emit_message` payload.
+    Message {
+        /// Emitted inside the transaction (else it arrives on its own).
+        transactional: bool,
+        /// Where it was written.
+        lsn: Lsn,
+        /// The message's prefix.
+        prefix: String,
+        /// The payload.
+        content: Vec<u8>,
+    },
+}
+
+/// A transaction, or one chunk of a large one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Batch {
+    /// The transaction's identity and this chunk's place in it.
+    pub txn: Txn,
+    /// The changes, in WAL order.
+    pub changes: Vec<Change>,
+    /// Approximate size of the changes' data, in bytes.
+    pub bytes: usize,
+}

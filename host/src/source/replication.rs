@@ -1,0 +1,647 @@
+//! The replication connection: the PostgreSQL wire protocol spoken directly
+//! over tokio, because tokio-postgres cannot open a walsender connection.
+//!
+//! Owns the transport (TCP, unix socket, TLS through [`super::tls`]), the
+//! startup and authentication exchange (trust, cleartext, MD5, SCRAM-SHA-256
+//! with channel binding over TLS), the simple-query protocol used for
+//! replication commands, and the COPY-both stream of `XLogData` and keepalive
+//! frames with the standby status updates that answer them.
+//!
+//! It does not own what the frames mean (see [`super::pgoutput`] and
+//! [`super::stream`]), nor ordinary SQL (tokio-postgres does that).
+//!
+//! The password is only ever handed to the authentication code; no error or
+//! log line built here contains it.
+
+use std::time::{Duration, SystemTime};
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use postgres_protocol::authentication::md5_hash;
+use postgres_protocol::authentication::sasl::{self, ChannelBinding, ScramSha256};
+use postgres_protocol::message::frontend;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixStream};
+
+use super::SourceError;
+use super::conninfo::{ConnInfo, Host, SslMode};
+use super::lsn::Lsn;
+use super::tls;
+
+/// Microseconds between the Unix epoch and PostgreSQL's (2000-01-01).
+pub(crate) const PG_EPOCH_OFFSET_MICROS: i64 = 946_684_800_000_000;
+
+/// Settings sent in the startup packet. They fix the text form of every value
+/// the walsender sends, which [`super::values`] parses.
+const SESSION_SETTINGS: [(&str, &str); 6] = [
+    ("client_encoding", "UTF8"),
+    ("DateStyle", "ISO, MDY"),
+    ("TimeZone", "UTC"),
+    ("IntervalStyle", "iso_8601"),
+    ("extra_float_digits", "3"),
+    ("bytea_output", "hex"),
+];
+
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+/// An error or notice sent by the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerError {
+    /// `ERROR`, `FATAL`, `PANIC` (or `WARNING`... for notices).
+    pub severity: String,
+    /// The SQLSTATE code.
+    pub code: String,
+    /// The primary message.
+    pub message: String,
+    /// The detail, if any.
+    pub detail: Option<String>,
+    /// The hint, if any.
+    pub hint: Option<String>,
+}
+
+impl std::fmt::Display for ServerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {} (SQLSTATE {})", self.severity, self.message, self.code)?;
+        if let Some(detail) = &self.detail {
+            write!(f, "; {detail}")?;
+        }
+        if let Some(hint) = &self.hint {
+            write!(f, "; hint: {hint}")?;
+        }
+        Ok(())
+    }
+}
+
+impl ServerError {
+    fn parse(mut body: &[u8]) -> ServerError {
+        let mut err = ServerError {
+            severity: String::new(),
+            code: String::new(),
+            message: String::new(),
+            detail: None,
+            hint: None,
+        };
+        while let Some((&kind, rest)) = body.split_first() {
+            if kind == 0 {
+                break;
+            }
+            let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
+            let value = String::from_utf8_lossy(&rest[..end]).into_owned();
+            body = rest.get(end + 1..).unwrap_or_default();
+            match kind {
+                b'V' => err.severity = value,
+                b'S' if err.severity.is_empty() => err.severity = value,
+                b'C' => err.code = value,
+                b'M' => err.message = value,
+                b'D' => err.detail = Some(value),
+                b'H' => err.hint = Some(value),
+                _ => {}
+            }
+        }
+        err
+    }
+}
+
+/// A frame of the replication stream.
+#[derive(Debug)]
+pub(crate) enum Frame {
+    /// WAL data: one pgoutput message.
+    XLogData { wal_end: Lsn, data: Bytes },
+    /// The server's keepalive; `reply` asks for an immediate status update.
+    Keepalive { wal_end: Lsn, reply: bool },
+    /// The server ended the stream (e.g. the slot was dropped).
+    CopyDone,
+}
+
+/// A connection to a walsender (`replication=database`).
+pub(crate) struct Connection {
+    io: Box<dyn Io>,
+    rbuf: BytesMut,
+    wbuf: BytesMut,
+    backend_pid: i32,
+    streaming: bool,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("backend_pid", &self.backend_pid)
+            .field("streaming", &self.streaming)
+            .finish_non_exhaustive()
+    }
+}
+
+const READ_CHUNK: usize = 128 * 1024;
+
+impl Connection {
+    /// Connects and authenticates, with `replication=database` in the
+    /// startup packet.
+    pub(crate) async fn connect(info: &ConnInfo) -> Result<Connection, SourceError> {
+        let timeout = info.connect_timeout.unwrap_or(Duration::from_secs(30));
+        match tokio::time::timeout(timeout, Connection::connect_inner(info)).await {
+            Ok(result) => result,
+            Err(_) => Err(SourceError::Connect {
+                target: info.redacted(),
+                reason: format!("timed out after {timeout:?}"),
+            }),
+        }
+    }
+
+    async fn connect_inner(info: &ConnInfo) -> Result<Connection, SourceError> {
+        let connect_err = |err: std::io::Error| SourceError::Connect {
+            target: info.redacted(),
+            reason: err.to_string(),
+        };
+        let mut end_point = None;
+        let io: Box<dyn Io> = match &info.host {
+            Host::Unix(_) => {
+                let path = info.socket_path().unwrap_or_default();
+                Box::new(UnixStream::connect(&path).await.map_err(connect_err)?)
+            }
+            Host::Tcp(host) => {
+                let mut tcp = TcpStream::connect((host.as_str(), info.port))
+                    .await
+                    .map_err(connect_err)?;
+                tcp.set_nodelay(true).map_err(connect_err)?;
+                match tls::connector(info)? {
+                    None => Box::new(tcp),
+                    Some(tls) => {
+                        if negotiate_ssl(&mut tcp).await.map_err(connect_err)? {
+                            let stream = tls.handshake(tcp).await?;
+                            end_point = tls::server_end_point(&stream);
+                            Box::new(stream)
+                        } else if tls.mode() == SslMode::Prefer {
+                            Box::new(tcp)
+                        } else {
+                            return Err(SourceError::Connect {
+                                target: info.redacted(),
+                                reason: format!(
+                                    "the server does not support SSL, but sslmode={} \
+                                     requires it: enable ssl on the server or use sslmode=prefer",
+                                    tls.mode()
+                                ),
+                            });
+                        }
+                    }
+                }
+            }
+        };
+        let mut conn = Connection {
+            io,
+            rbuf: BytesMut::with_capacity(READ_CHUNK),
+            wbuf: BytesMut::with_capacity(1024),
+            backend_pid: 0,
+            streaming: false,
+        };
+        conn.startup(info, end_point).await?;
+        Ok(conn)
+    }
+
+    /// The walsender's process id, as `pg_stat_replication.pid` shows it.
+    pub(crate) fn backend_pid(&self) -> i32 {
+        self.backend_pid
+    }
+
+    async fn startup(
+        &mut self,
+        info: &ConnInfo,
+        end_point: Option<Vec<u8>>,
+    ) -> Result<(), SourceError> {
+        let mut params: Vec<(&str, &str)> = vec![
+            ("user", info.user.as_str()),
+            ("database", info.dbname.as_str()),
+            ("replication", "database"),
+            (
+                "application_name",
+                info.application_name.as_deref().unwrap_or("datum"),
+            ),
+        ];
+        params.extend(SESSION_SETTINGS);
+        if let Some(options) = &info.options {
+            params.push(("options", options.as_str()));
+        }
+        frontend::startup_message(params.iter().copied(), &mut self.wbuf)
+            .map_err(|e| SourceError::Protocol(format!("encoding the startup message: {e}")))?;
+        self.flush().await?;
+
+        let mut scram: Option<ScramSha256> = None;
+        loop {
+            let (tag, body) = self.read_message().await?;
+            match tag {
+                b'R' => {
+                    let mut body = body;
+                    if body.len() < 4 {
+                        return Err(SourceError::Protocol("short authentication message".into()));
+                    }
+                    let code = body.get_i32();
+                    match code {
+                        0 => {}
+                        3 => {
+                            let password = self.password(info)?;
+                            frontend::password_message(password.as_bytes(), &mut self.wbuf)
+                                .map_err(|e| SourceError::Protocol(e.to_string()))?;
+                            self.flush().await?;
+                        }
+                        5 => {
+                            if body.len() < 4 {
+                                return Err(SourceError::Protocol("short MD5 salt".into()));
+                            }
+                            let mut salt = [0u8; 4];
+                            salt.copy_from_slice(&body[..4]);
+                            let password = self.password(info)?;
+                            let hash =
+                                md5_hash(info.user.as_bytes(), password.as_bytes(), salt);
+                            frontend::password_message(hash.as_bytes(), &mut self.wbuf)
+                                .map_err(|e| SourceError::Protocol(e.to_string()))?;
+                            self.flush().await?;
+                        }
+                        10 => {
+                            let mechanisms: Vec<&[u8]> = body[..]
+                                .split(|&b| b == 0)
+                                .filter(|m| !m.is_empty())
+                                .collect();
+                            let has = |m: &str| mechanisms.contains(&m.as_bytes());
+                            let (mechanism, binding) = match &end_point {
+                                Some(hash) if has(sasl::SCRAM_SHA_256_PLUS) => (
+                                    sasl::SCRAM_SHA_256_PLUS,
+                                    ChannelBinding::tls_server_end_point(hash.clone()),
+                                ),
+                                Some(_) => (sasl::SCRAM_SHA_256, ChannelBinding::unrequested()),
+                                None => (sasl::SCRAM_SHA_256, ChannelBinding::unsupported()),
+                            };
+                            if !has(sasl::SCRAM_SHA_256) && mechanism == sasl::SCRAM_SHA_256 {
+                                return Err(SourceError::Auth {
+                                    user: info.user.clone(),
+                                    reason: "the server offers no SASL mechanism Datum \
+                                             supports (SCRAM-SHA-256)"
+                                        .into(),
+                                });
+                            }
+                            let password = self.password(info)?;
+                            let client = ScramSha256::new(password.as_bytes(), binding);
+                            frontend::sasl_initial_response(
+                                mechanism,
+                                client.message(),
+                                &mut self.wbuf,
+                            )
+                            .map_err(|e| SourceError::Protocol(e.to_string()))?;
+                            scram = Some(client);
+                            self.flush().await?;
+                        }
+                        11 => {
+                            let client = scram.as_mut().ok_or_else(|| {
+                                SourceError::Protocol("SASL continue without a SASL start".into())
+                            })?;
+                            client.update(&body).map_err(|e| SourceError::Auth {
+                                user: info.user.clone(),
+                                reason: format!("SCRAM exchange failed: {e}"),
+                            })?;
+                            frontend::sasl_response(client.message(), &mut self.wbuf)
+                                .map_err(|e| SourceError::Protocol(e.to_string()))?;
+                            self.flush().await?;
+                        }
+                        12 => {
+                            let client = scram.as_mut().ok_or_else(|| {
+                                SourceError::Protocol("SASL final without a SASL start".into())
+                            })?;
+                            client.finish(&body).map_err(|e| SourceError::Auth {
+                                user: info.user.clone(),
+                                reason: format!(
+                                    "the server's SCRAM signature did not verify ({e}): \
+                                     it may not know the password it claims to"
+                                ),
+                            })?;
+                        }
+                        other => {
+                            return Err(SourceError::Auth {
+                                user: info.user.clone(),
+                                reason: format!(
+                                    "the server asks for authentication method {other}, which \
+                                     Datum does not support (use scram-sha-256, md5, password \
+                                     or trust in pg_hba.conf)"
+                                ),
+                            });
+                        }
+                    }
+                }
+                b'K' => {
+                    let mut body = body;
+                    if body.len() >= 4 {
+                        self.backend_pid = body.get_i32();
+                    }
+                }
+                b'S' => {}
+                b'N' => log_notice(&body),
+                b'Z' => return Ok(()),
+                b'E' => {
+                    let err = ServerError::parse(&body);
+                    return Err(if err.code.starts_with("28") {
+                        SourceError::Auth {
+                            user: info.user.clone(),
+                            reason: err.to_string(),
+                        }
+                    } else {
+                        SourceError::Server(err)
+                    });
+                }
+                other => {
+                    return Err(SourceError::Protocol(format!(
+                        "unexpected message `{}` during startup",
+                        other as char
+                    )));
+                }
+            }
+        }
+    }
+
+    fn password<'a>(&self, info: &'a ConnInfo) -> Result<&'a str, SourceError> {
+        info.password
+            .as_ref()
+            .map(|p| p.expose())
+            .ok_or_else(|| SourceError::Auth {
+                user: info.user.clone(),
+                reason: "the server asks for a password and none was given: add password= to \
+                         the connection string, or set PGPASSWORD"
+                    .into(),
+            })
+    }
+
+    /// Sends `START_REPLICATION` and waits for the COPY-both stream to open.
+    pub(crate) async fn start_replication(&mut self, command: &str) -> Result<(), SourceError> {
+        frontend::query(command, &mut self.wbuf)
+            .map_err(|e| SourceError::Protocol(e.to_string()))?;
+        self.flush().await?;
+        loop {
+            let (tag, body) = self.read_message().await?;
+            match tag {
+                b'W' => {
+                    self.streaming = true;
+                    return Ok(());
+                }
+                b'N' => log_notice(&body),
+                b'S' => {}
+                b'E' => {
+                    let err = ServerError::parse(&body);
+                    // Drain to ReadyForQuery so the connection stays usable.
+                    loop {
+                        let (tag, _) = self.read_message().await?;
+                        if tag == b'Z' {
+                            break;
+                        }
+                    }
+                    return Err(SourceError::Server(err));
+                }
+                other => {
+                    return Err(SourceError::Protocol(format!(
+                        "unexpected message `{}` in reply to START_REPLICATION",
+                        other as char
+                    )));
+                }
+            }
+        }
+    }
+
+    /// Receives the next frame of the replication stream. Cancel-safe: a
+    /// frame is either returned whole or left in the buffer.
+    pub(crate) async fn recv(&mut self) -> Result<Frame, SourceError> {
+        loop {
+            if let Some((tag, body)) = self.take_message()? {
+                match tag {
+                    b'd' => return parse_copy_data(body.freeze()),
+                    b'c' => return Ok(Frame::CopyDone),
+                    b'N' => log_notice(&body),
+                    b'S' => {}
+                    b'E' => return Err(SourceError::Server(ServerError::parse(&body))),
+                    other => {
+                        return Err(SourceError::Protocol(format!(
+                            "unexpected message `{}` in the replication stream",
+                            other as char
+                        )));
+                    }
+                }
+                continue;
+            }
+            self.fill().await?;
+        }
+    }
+
+    /// Sends a standby status update. `write` is what we received, `flush`
+    /// and `apply` what is durably checkpointed (`Lsn::ZERO`: nothing yet).
+    pub(crate) async fn send_status(
+        &mut self,
+        write: Lsn,
+        flush: Lsn,
+        apply: Lsn,
+        reply: bool,
+    ) -> Result<(), SourceError> {
+        self.wbuf.put_u8(b'd');
+        self.wbuf.put_i32(4 + 1 + 8 * 4 + 1);
+        self.wbuf.put_u8(b'r');
+        self.wbuf.put_u64(write.0);
+        self.wbuf.put_u64(flush.0);
+        self.wbuf.put_u64(apply.0);
+        self.wbuf.put_i64(pg_now());
+        self.wbuf.put_u8(u8::from(reply));
+        self.flush().await
+    }
+
+    /// Ends the COPY stream politely and closes the connection.
+    pub(crate) async fn close(mut self) {
+        if self.streaming {
+            frontend::copy_done(&mut self.wbuf);
+        }
+        frontend::terminate(&mut self.wbuf);
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.flush()).await;
+    }
+
+    async fn flush(&mut self) -> Result<(), SourceError> {
+        self.io
+            .write_all(&self.wbuf)
+            .await
+            .map_err(SourceError::Io)?;
+        self.io.flush().await.map_err(SourceError::Io)?;
+        self.wbuf.clear();
+        Ok(())
+    }
+
+    async fn fill(&mut self) -> Result<(), SourceError> {
+        if self.rbuf.capacity() - self.rbuf.len() < READ_CHUNK / 4 {
+            self.rbuf.reserve(READ_CHUNK);
+        }
+        let n = self
+            .io
+            .read_buf(&mut self.rbuf)
+            .await
+            .map_err(SourceError::Io)?;
+        if n == 0 {
+            return Err(SourceError::Io(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the server closed the connection",
+            )));
+        }
+        Ok(())
+    }
+
+    fn take_message(&mut self) -> Result<Option<(u8, BytesMut)>, SourceError> {
+        if self.rbuf.len() < 5 {
+            return Ok(None);
+        }
+        let tag = self.rbuf[0];
+        let len = u32::from_be_bytes([self.rbuf[1], self.rbuf[2], self.rbuf[3], self.rbuf[4]]);
+        if len < 4 {
+            return Err(SourceError::Protocol(format!(
+                "message `{}` with invalid length {len}",
+                tag as char
+            )));
+        }
+        let total = len as usize + 1;
+        if self.rbuf.len() < total {
+            self.rbuf.reserve(total - self.rbuf.len());
+            return Ok(None);
+        }
+        let mut message = self.rbuf.split_to(total);
+        message.advance(5);
+        Ok(Some((tag, message)))
+    }
+
+    async fn read_message(&mut self) -> Result<(u8, BytesMut), SourceError> {
+        loop {
+            if let Some(message) = self.take_message()? {
+                return Ok(message);
+            }
+            self.fill().await?;
+        }
+    }
+}
+
+/// Sends SSLRequest; `true` if the server agreed to TLS.
+async fn negotiate_ssl(tcp: &mut TcpStream) -> std::io::Result<bool> {
+    let mut buf = BytesMut::new();
+    frontend::ssl_request(&mut buf);
+    tcp.write_all(&buf).await?;
+    let answer = tcp.read_u8().await?;
+    match answer {
+        b'S' => Ok(true),
+        b'N' => Ok(false),
+        other => Err(std::io::Error::other(format!(
+            "unexpected answer `{}` to SSLRequest",
+            other as char
+        ))),
+    }
+}
+
+fn parse_copy_data(data: Bytes) -> Result<Frame, SourceError> {
+    let short = || SourceError::Protocol("short replication frame".into());
+    let Some(&kind) = data.first() else {
+        return Err(short());
+    };
+    match kind {
+        b'w' => {
+            if data.len() < 25 {
+                return Err(short());
+            }
+            // Skip the start LSN: pgoutput's messages carry their own.
+            let mut header = &data[9..25];
+            let wal_end = Lsn(header.get_u64());
+            Ok(Frame::XLogData {
+                wal_end,
+                data: data.slice(25..),
+            })
+        }
+        b'k' => {
+            if data.len() < 18 {
+                return Err(short());
+            }
+            let mut body = &data[1..18];
+            let wal_end = Lsn(body.get_u64());
+            let _send_time = body.get_i64();
+            Ok(Frame::Keepalive {
+                wal_end,
+                reply: body.get_u8() != 0,
+            })
+        }
+        other => Err(SourceError::Protocol(format!(
+            "unknown replication frame `{}`",
+            other as char
+        ))),
+    }
+}
+
+fn log_notice(body: &[u8]) {
+    let notice = ServerError::parse(body);
+    tracing::info!(severity = %notice.severity, code = %notice.code, "server notice: {}", notice.message);
+}
+
+/// Now, in microseconds since 2000-01-01, as the protocol wants it.
+pub(crate) fn pg_now() -> i64 {
+    let unix = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0);
+    unix - PG_EPOCH_OFFSET_MICROS
+}
+
+/// Quotes an identifier for a replication command.
+pub(crate) fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// Quotes a literal for a replication command option.
+pub(crate) fn quote_literal(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_server_errors() {
+        let body = b"SERROR\0VERROR\0C42704\0Mreplication slot \"x\" does not exist\0Hcreate it\0\0";
+        let err = ServerError::parse(body);
+        assert_eq!(err.severity, "ERROR");
+        assert_eq!(err.code, "42704");
+        assert_eq!(err.message, "replication slot \"x\" does not exist");
+        assert_eq!(err.hint.as_deref(), Some("create it"));
+        assert_eq!(
+            err.to_string(),
+            "ERROR: replication slot \"x\" does not exist (SQLSTATE 42704); hint: create it"
+        );
+        // Truncated input must not panic.
+        for cut in 0..body.len() {
+            let _ = ServerError::parse(&body[..cut]);
+        }
+    }
+
+    #[test]
+    fn parses_replication_frames() {
+        let mut w = vec![b'w'];
+        w.extend_from_slice(&0x10u64.to_be_bytes());
+        w.extend_from_slice(&0x20u64.to_be_bytes());
+        w.extend_from_slice(&0i64.to_be_bytes());
+        w.extend_from_slice(b"Bpayload");
+        match parse_copy_data(Bytes::from(w.clone())).expect("xlogdata") {
+            Frame::XLogData { wal_end, data } => {
+                assert_eq!(wal_end, Lsn(0x20));
+                assert_eq!(&data[..], b"Bpayload");
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut k = vec![b'k'];
+        k.extend_from_slice(&0x30u64.to_be_bytes());
+        k.extend_from_slice(&0i64.to_be_bytes());
+        k.push(1);
+        assert!(matches!(
+            parse_copy_data(Bytes::from(k.clone())).expect("keepalive"),
+            Frame::Keepalive { wal_end: Lsn(0x30), reply: true }
+        ));
+        for frame in [w, k] {
+            for cut in 0..frame.len().min(25) {
+                if cut < 18 || frame[0] == b'w' {
+                    assert!(parse_copy_data(Bytes::copy_from_slice(&frame[..cut])).is_err());
+                }
+            }
+        }
+        assert!(parse_copy_data(Bytes::from_static(b"z")).is_err());
+    }
+}

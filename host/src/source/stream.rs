@@ -1,0 +1,318 @@
+//! The streaming loop: connect, `START_REPLICATION`, turn frames into batches,
+//! send them downstream, keep the walsender informed, and reconnect when the
+//! connection is lost.
+//!
+//! Owns the session lifecycle and its timing: status updates on a timer (a
+//! fraction of `wal_sender_timeout`, PITFALLS 3), also while waiting on a full
+//! downstream channel, immediate answers to reply requests, capped exponential
+//! back-off with jitter between attempts, and the fast-forward check after
+//! every start (PITFALLS 4). A definite error (see
+//! [`SourceError::is_transient`]) ends the loop instead of retrying forever.
+//!
+//! Positions: `flush` and `apply` in status updates are what the caller
+//! publishes on the `flushed` watch (the checkpoint); nothing else is ever
+//! reported as flushed. A reconnect starts from that position, and the
+//! assembler skips whatever had already been sent downstream, so the consumer
+//! sees no duplicate and no gap across reconnects.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio::time::{Interval, MissedTickBehavior};
+
+use super::assembler::Assembler;
+use super::catalog;
+use super::lsn::Lsn;
+use super::pgoutput::{self, Message};
+use super::replication::{Connection, Frame, quote_ident, quote_literal};
+use super::{SourceConfig, SourceError};
+use crate::batch::Batch;
+
+/// Counters a running source keeps, for status pages and tests.
+#[derive(Debug, Default)]
+pub struct SourceStats {
+    /// The furthest WAL position received.
+    pub received_lsn: AtomicU64,
+    /// Sessions that ended in a transient error and were retried.
+    pub reconnects: AtomicU64,
+    /// Batches sent downstream.
+    pub batches: AtomicU64,
+    /// Changes sent downstream.
+    pub changes: AtomicU64,
+    /// pgoutput bytes received.
+    pub bytes: AtomicU64,
+    /// Status updates sent.
+    pub status_updates: AtomicU64,
+    /// The walsender's process id in the current session.
+    pub walsender_pid: AtomicU64,
+}
+
+type Shutdown<'a> = Pin<&'a mut (dyn Future<Output = ()> + Send)>;
+
+/// Streams from the slot until `shutdown` completes, the receiver of `out`
+/// goes away, or a definite error occurs.
+///
+/// `resume_after` is the end LSN of the last transaction already processed
+/// (the checkpoint), or [`Lsn::ZERO`] to start from the slot's confirmed
+/// position. `flushed` carries the checkpointed position to report to the
+/// server; it starts at `resume_after` or below.
+pub async fn run(
+    config: SourceConfig,
+    resume_after: Lsn,
+    out: mpsc::Sender<Batch>,
+    flushed: watch::Receiver<Lsn>,
+    stats: Arc<SourceStats>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), SourceError> {
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut shutdown: Shutdown<'_> = shutdown.as_mut();
+    let mut assembler = Assembler::new(config.limits, resume_after);
+    let mut delay = config.reconnect_initial;
+    let mut requested = resume_after;
+    loop {
+        let mut session = Session {
+            config: &config,
+            assembler: &mut assembler,
+            out: &out,
+            flushed: &flushed,
+            stats: &stats,
+            received: requested,
+            streaming: false,
+        };
+        let outcome = session.run(requested, shutdown.as_mut()).await;
+        let streamed = session.streaming;
+        match outcome {
+            Ok(()) => return Ok(()),
+            Err(err) if err.is_transient() => {
+                stats.reconnects.fetch_add(1, Ordering::Relaxed);
+                if streamed {
+                    delay = config.reconnect_initial;
+                }
+                let wait = jitter(delay);
+                tracing::warn!(
+                    slot = %config.slot,
+                    error = %err,
+                    retry_in = ?wait,
+                    "replication interrupted; reconnecting"
+                );
+                tokio::select! {
+                    _ = shutdown.as_mut() => return Ok(()),
+                    _ = tokio::time::sleep(wait) => {}
+                }
+                delay = (delay * 2).min(config.reconnect_max);
+                let checkpoint = *flushed.borrow();
+                requested = requested.max(checkpoint);
+                assembler.reconnected(checkpoint);
+            }
+            Err(err) => return Err(err),
+        }
+    }
+}
+
+/// ±25 % so that many pipelines don't reconnect in lockstep.
+fn jitter(delay: Duration) -> Duration {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let factor = 0.75 + f64::from(nanos % 1000) / 2000.0;
+    delay.mul_f64(factor)
+}
+
+struct Session<'a> {
+    config: &'a SourceConfig,
+    assembler: &'a mut Assembler,
+    out: &'a mpsc::Sender<Batch>,
+    flushed: &'a watch::Receiver<Lsn>,
+    stats: &'a SourceStats,
+    received: Lsn,
+    streaming: bool,
+}
+
+enum Flow {
+    Continue,
+    Stop,
+}
+
+impl Session<'_> {
+    async fn run(&mut self, requested: Lsn, mut shutdown: Shutdown<'_>) -> Result<(), SourceError> {
+        let config = self.config;
+        let client = catalog::connect(&config.conninfo).await?;
+        let interval = match config.status_interval {
+            Some(interval) => interval,
+            None => status_interval(&client).await?,
+        };
+        let mut conn = Connection::connect(&config.conninfo).await?;
+        self.stats
+            .walsender_pid
+            .store(conn.backend_pid() as u64, Ordering::Relaxed);
+        let command = format!(
+            "START_REPLICATION SLOT {} LOGICAL {requested} (proto_version '1', \
+             publication_names {}, messages 'true')",
+            quote_ident(&config.slot),
+            quote_literal(&quote_ident(&config.publication)),
+        );
+        conn.start_replication(&command).await?;
+
+        // PITFALLS 4: a start before confirmed_flush_lsn silently begins there.
+        if requested != Lsn::ZERO
+            && let Some(state) = catalog::slot_state(&client, &config.slot).await?
+            && let Some(confirmed) = state.confirmed_flush
+            && confirmed > requested
+        {
+            conn.close().await;
+            return Err(SourceError::FastForward {
+                slot: config.slot.clone(),
+                requested,
+                confirmed,
+            });
+        }
+        tracing::info!(slot = %config.slot, start = %requested, pid = conn.backend_pid(), "replication started");
+
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.as_mut() => {
+                    self.send_status(&mut conn, false).await?;
+                    conn.close().await;
+                    return Ok(());
+                }
+                _ = tick.tick() => self.send_status(&mut conn, false).await?,
+                frame = conn.recv() => {
+                    self.streaming = true;
+                    match frame? {
+                        Frame::XLogData { wal_end, data } => {
+                            self.advance(wal_end);
+                            self.stats.bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+                            let message = pgoutput::decode(&data)?;
+                            if let Message::Relation(relation) = &message {
+                                let missing = self.assembler.missing_types(relation);
+                                if !missing.is_empty() {
+                                    let types = catalog::resolve_types(&client, &missing).await?;
+                                    self.assembler.add_types(types);
+                                }
+                            }
+                            if let Some(batch) = self.assembler.push(message)? {
+                                let flow = self
+                                    .deliver(batch, &mut conn, &mut tick, shutdown.as_mut())
+                                    .await?;
+                                if let Flow::Stop = flow {
+                                    self.send_status(&mut conn, false).await?;
+                                    conn.close().await;
+                                    return Ok(());
+                                }
+                            }
+                        }
+                        Frame::Keepalive { wal_end, reply } => {
+                            if !self.assembler.in_transaction() {
+                                self.advance(wal_end);
+                            }
+                            if reply {
+                                self.send_status(&mut conn, false).await?;
+                            }
+                        }
+                        Frame::CopyDone => {
+                            return Err(SourceError::Io(std::io::Error::new(
+                                std::io::ErrorKind::UnexpectedEof,
+                                "the server ended the replication stream",
+                            )));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn advance(&mut self, lsn: Lsn) {
+        if lsn > self.received {
+            self.received = lsn;
+            self.stats.received_lsn.store(lsn.0, Ordering::Relaxed);
+        }
+    }
+
+    async fn send_status(&mut self, conn: &mut Connection, reply: bool) -> Result<(), SourceError> {
+        // Exactly what the caller published as checkpointed: never more.
+        let flushed = *self.flushed.borrow();
+        self.stats.status_updates.fetch_add(1, Ordering::Relaxed);
+        conn.send_status(self.received.max(flushed), flushed, flushed, reply)
+            .await
+    }
+
+    /// Sends a batch downstream, answering the server on schedule while the
+    /// channel is full.
+    async fn deliver(
+        &mut self,
+        batch: Batch,
+        conn: &mut Connection,
+        tick: &mut Interval,
+        mut shutdown: Shutdown<'_>,
+    ) -> Result<Flow, SourceError> {
+        let changes = batch.changes.len() as u64;
+        loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.as_mut() => return Ok(Flow::Stop),
+                permit = self.out.reserve() => {
+                    let Ok(permit) = permit else {
+                        // The consumer is gone: nothing left to stream for.
+                        return Ok(Flow::Stop);
+                    };
+                    permit.send(batch);
+                    self.stats.batches.fetch_add(1, Ordering::Relaxed);
+                    self.stats.changes.fetch_add(changes, Ordering::Relaxed);
+                    return Ok(Flow::Continue);
+                }
+                _ = tick.tick() => self.send_status(conn, false).await?,
+            }
+        }
+    }
+}
+
+/// A sixth of `wal_sender_timeout`, at most 10 s, at least 100 ms.
+async fn status_interval(client: &tokio_postgres::Client) -> Result<Duration, SourceError> {
+    let row = client
+        .query_one(
+            "SELECT setting::int8 FROM pg_settings WHERE name = 'wal_sender_timeout'",
+            &[],
+        )
+        .await
+        .map_err(SourceError::Sql)?;
+    let timeout_ms: i64 = row.get(0);
+    Ok(interval_for(timeout_ms))
+}
+
+fn interval_for(wal_sender_timeout_ms: i64) -> Duration {
+    let ceiling = Duration::from_secs(10);
+    if wal_sender_timeout_ms <= 0 {
+        return ceiling;
+    }
+    (Duration::from_millis(wal_sender_timeout_ms as u64) / 6)
+        .clamp(Duration::from_millis(100), ceiling)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_interval_stays_well_inside_the_timeout() {
+        assert_eq!(interval_for(60_000), Duration::from_secs(10));
+        assert_eq!(interval_for(6_000), Duration::from_secs(1));
+        assert_eq!(interval_for(0), Duration::from_secs(10), "timeout disabled");
+        assert_eq!(interval_for(60), Duration::from_millis(100));
+    }
+
+    #[test]
+    fn jitter_stays_within_a_quarter() {
+        for _ in 0..100 {
+            let d = jitter(Duration::from_secs(4));
+            assert!(d >= Duration::from_secs(3) && d <= Duration::from_secs(5), "{d:?}");
+        }
+    }
+}

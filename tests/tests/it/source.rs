@@ -1,0 +1,586 @@
+//! The replication source against a real server: every pgoutput message,
+//! typed values, TOAST, replica identities, schema changes, chunking,
+//! reconnection and authentication.
+
+use std::time::Duration;
+
+use datum::source::{Lsn, SourceError};
+use datum_guest::{Date, Timestamp, Value};
+use datum_tests::stream::{Running, config, render};
+use datum_tests::{PasswordAuth, cluster, connect};
+
+async fn sql(client: &tokio_postgres::Client, statements: &[&str]) {
+    for statement in statements {
+        client
+            .batch_execute(statement)
+            .await
+            .unwrap_or_else(|err| panic!("{statement}: {err}"));
+    }
+}
+
+#[tokio::test]
+async fn streams_every_kind_of_change() {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    sql(
+        &client,
+        &[
+            "CREATE TABLE item (id int PRIMARY KEY, name text)",
+            "CREATE TABLE full_item (id int PRIMARY KEY, name text)",
+            "ALTER TABLE full_item REPLICA IDENTITY FULL",
+            "CREATE TABLE child (id int PRIMARY KEY, item int REFERENCES item (id))",
+        ],
+    )
+    .await;
+    let mut source = Running::start(
+        config(&pg, "pub", "slot", &["item", "full_item", "child"]),
+        Lsn::ZERO,
+        16,
+    )
+    .await;
+    sql(
+        &client,
+        &[
+            "INSERT INTO item VALUES (1, 'one'), (2, 'two')",
+            "UPDATE item SET name = 'uno' WHERE id = 1",
+            "UPDATE item SET id = 20 WHERE id = 2",
+            "DELETE FROM item WHERE id = 1",
+            "INSERT INTO full_item VALUES (1, 'a')",
+            "UPDATE full_item SET name = 'b'",
+            "DELETE FROM full_item",
+            "BEGIN; SELECT pg_logical_emit_message(true, 'tx', 'inside');
+             INSERT INTO item VALUES (3, 'three'); COMMIT",
+            "SELECT pg_logical_emit_message(false, 'loose', 'outside')",
+            "TRUNCATE item, child RESTART IDENTITY CASCADE",
+        ],
+    )
+    .await;
+    let mut lines = Vec::new();
+    let mut last_end = Lsn::ZERO;
+    let mut commit_order = Vec::new();
+    while lines.len() < 12 {
+        let batch = source.next(10).await;
+        assert!(batch.txn.last, "small transactions come whole");
+        assert!(Lsn(batch.txn.end_lsn) > last_end, "commit order");
+        last_end = Lsn(batch.txn.end_lsn);
+        commit_order.push(batch.txn.commit_lsn);
+        lines.extend(render(&batch));
+    }
+    assert_eq!(
+        lines,
+        [
+            "I public.item id=1 name='one'",
+            "I public.item id=2 name='two'",
+            "U public.item id=1 name='uno'",
+            "U public.item key: id=2 new: id=20 name='two'",
+            "D public.item key: id=1",
+            "I public.full_item id=1 name='a'",
+            "U public.full_item old: id=1 name='a' new: id=1 name='b'",
+            "D public.full_item old: id=1 name='b'",
+            "M tx transactional=true \"inside\"",
+            "I public.item id=3 name='three'",
+            "M loose transactional=false \"outside\"",
+            "T public.item,public.child cascade=true restart_identity=true",
+        ]
+    );
+    source.stop().await.expect("a clean stop");
+}
+
+#[tokio::test]
+async fn typed_values_survive_the_trip() {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    sql(
+        &client,
+        &[
+            "CREATE TYPE mood AS ENUM ('sad', 'happy')",
+            "CREATE DOMAIN positive AS int8 CHECK (VALUE > 0)",
+            "CREATE TABLE v (
+                id int PRIMARY KEY, b bool, i2 int2, i8 int8, f4 float4, f8 float8,
+                n numeric, t text, vc varchar(10), c char(3), nm name, by bytea,
+                j json, jb jsonb, u uuid, d date, tm time, ts timestamp, tz timestamptz,
+                iv interval, ai int4[], at text[], m mood, ms mood[], p positive,
+                pt point)",
+        ],
+    )
+    .await;
+    let mut source = Running::start(config(&pg, "pub", "slot", &["v"]), Lsn::ZERO, 16).await;
+    let hundred_digits = format!("{}.{}", "9".repeat(60), "1".repeat(40));
+    sql(
+        &client,
+        &[&format!(
+            "INSERT INTO v VALUES
+             (1, true, -32768, 9223372036854775807, 'NaN', '-Infinity', {hundred_digits},
+              'grüße ✓', '', 'ab', 'nm', '\\x00ff10'::bytea, '{{\"a\": [1, \"x,y\"]}}',
+              '{{\"b\": null}}', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '0044-03-15 BC',
+              '24:00:00', '1969-12-31 23:59:59.999999', '2040-02-29 12:00:00+00',
+              '1 year 2 months -3 days 04:05:06.5', '{{}}', '{{\"a b\",NULL,\"NULL\"}}',
+              'happy', '{{sad,happy}}', 5, '(1,2)'),
+             (2, NULL, NULL, -9223372036854775808, 3.4028235e38, 1e-300, 'NaN',
+              NULL, NULL, NULL, NULL, ''::bytea, 'null', '[]', NULL, 'infinity', '00:00:00',
+              '-infinity', '294276-12-31 23:59:59.999999+00', '-178956970 years',
+              '{{{{1,2}},{{3,4}}}}', NULL, NULL, NULL, NULL, NULL)"
+        )],
+    )
+    .await;
+    let batch = source.next(10).await;
+    let rows: Vec<&Vec<Value>> = batch
+        .changes
+        .iter()
+        .map(|c| match c {
+            datum::batch::Change::Insert { new, .. } => new,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    let columns: Vec<String> = match &batch.changes[0] {
+        datum::batch::Change::Insert { relation, .. } => relation
+            .columns
+            .iter()
+            .map(|c| format!("{}:{}", c.name, c.type_name))
+            .collect(),
+        _ => unreachable!(),
+    };
+    assert_eq!(
+        columns.join(" "),
+        "id:int4 b:bool i2:int2 i8:int8 f4:float4 f8:float8 n:numeric t:text vc:varchar \
+         c:bpchar nm:name by:bytea j:json jb:jsonb u:uuid d:date tm:time ts:timestamp \
+         tz:timestamptz iv:interval ai:int4[] at:text[] m:mood ms:mood[] p:positive pt:point"
+    );
+    let a = rows[0];
+    assert_eq!(a[1], Value::Bool(true));
+    assert_eq!(a[2], Value::Int(-32768));
+    assert_eq!(a[3], Value::Int(i64::MAX));
+    assert!(matches!(a[4], Value::Float(f) if f.is_nan()));
+    assert_eq!(a[5], Value::Float(f64::NEG_INFINITY));
+    assert_eq!(a[6], Value::Numeric(hundred_digits.clone()));
+    assert_eq!(a[7], Value::Text("grüße ✓".into()));
+    assert_eq!(a[8], Value::Text(String::new()));
+    assert_eq!(a[9], Value::Text("ab ".into()), "bpchar keeps its padding");
+    assert_eq!(a[11], Value::Bytes(vec![0, 0xff, 0x10]));
+    assert_eq!(a[12], Value::Json("{\"a\": [1, \"x,y\"]}".into()));
+    assert_eq!(a[13], Value::Json("{\"b\": null}".into()));
+    assert!(matches!(a[14], Value::Uuid(u) if u[0] == 0xa0 && u[15] == 0x11));
+    // 44 BC is astronomical year -43: 735,160 days before 1970-01-01.
+    assert_eq!(a[15], Value::Date(Date::Days(-735_160)));
+    assert_eq!(a[16], Value::Time(86_400_000_000));
+    assert_eq!(a[17], Value::Timestamp(Timestamp::Micros(-1)));
+    assert_eq!(
+        a[18],
+        Value::TimestampTz(Timestamp::Micros(2_214_129_600_000_000))
+    );
+    assert_eq!(
+        a[19],
+        Value::Interval(datum_guest::Interval {
+            months: 14,
+            days: -3,
+            micros: 14_706_500_000
+        })
+    );
+    assert_eq!(a[20], Value::Array(vec![]));
+    assert_eq!(
+        a[21],
+        Value::Array(vec![
+            Value::Text("a b".into()),
+            Value::Null,
+            Value::Text("NULL".into())
+        ])
+    );
+    assert_eq!(a[22], Value::Text("happy".into()), "enums are text");
+    assert_eq!(
+        a[23],
+        Value::Array(vec![Value::Text("sad".into()), Value::Text("happy".into())])
+    );
+    assert_eq!(a[24], Value::Int(5), "a domain reads as its base type");
+    assert_eq!(
+        a[25],
+        Value::Other {
+            type_name: "point".into(),
+            text: "(1,2)".into()
+        }
+    );
+
+    let b = rows[1];
+    assert_eq!(b[1], Value::Null);
+    assert_eq!(b[3], Value::Int(i64::MIN));
+    assert_eq!(b[4], Value::Float(f64::from(3.402_823_5e38_f32)));
+    assert_eq!(b[6], Value::Numeric("NaN".into()));
+    assert_eq!(b[11], Value::Bytes(vec![]));
+    assert_eq!(b[15], Value::Date(Date::Infinity));
+    assert_eq!(b[17], Value::Timestamp(Timestamp::NegInfinity));
+    assert_eq!(
+        b[18],
+        Value::Other {
+            type_name: "timestamptz".into(),
+            text: "294276-12-31 23:59:59.999999+00".into()
+        },
+        "past i64 microseconds since 1970: text, never wrapped"
+    );
+    assert_eq!(
+        b[20],
+        Value::Array(vec![
+            Value::Array(vec![Value::Int(1), Value::Int(2)]),
+            Value::Array(vec![Value::Int(3), Value::Int(4)]),
+        ])
+    );
+    source.stop().await.expect("a clean stop");
+}
+
+#[tokio::test]
+async fn arbitrary_bytea_survives() {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    sql(&client, &["CREATE TABLE blob (id int PRIMARY KEY, data bytea)"]).await;
+    let mut source = Running::start(config(&pg, "pub", "slot", &["blob"]), Lsn::ZERO, 4).await;
+    let all: Vec<u8> = (0..=255u8).cycle().take(5000).collect();
+    client
+        .execute("INSERT INTO blob VALUES (1, $1)", &[&all])
+        .await
+        .expect("insert");
+    let batch = source.next(10).await;
+    match &batch.changes[0] {
+        datum::batch::Change::Insert { new, .. } => assert_eq!(new[1], Value::Bytes(all)),
+        other => panic!("{other:?}"),
+    }
+    source.stop().await.expect("stop");
+}
+
+#[tokio::test]
+async fn unchanged_toast_is_not_null() {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    sql(
+        &client,
+        &[
+            "CREATE TABLE doc (id int PRIMARY KEY, n int, body text)",
+            "ALTER TABLE doc ALTER COLUMN body SET STORAGE EXTERNAL",
+            "CREATE TABLE full_doc (id int PRIMARY KEY, n int, body text)",
+            "ALTER TABLE full_doc ALTER COLUMN body SET STORAGE EXTERNAL",
+            "ALTER TABLE full_doc REPLICA IDENTITY FULL",
+            "INSERT INTO doc VALUES (1, 0, repeat('x', 10000))",
+            "INSERT INTO full_doc VALUES (1, 0, repeat('y', 10000))",
+        ],
+    )
+    .await;
+    let mut source = Running::start(
+        config(&pg, "pub", "slot", &["doc", "full_doc"]),
+        Lsn::ZERO,
+        4,
+    )
+    .await;
+    sql(
+        &client,
+        &[
+            "UPDATE doc SET n = 1",
+            "UPDATE full_doc SET n = 1",
+            "UPDATE doc SET body = NULL",
+        ],
+    )
+    .await;
+    let mut news = Vec::new();
+    while news.len() < 3 {
+        for change in source.next(10).await.changes {
+            if let datum::batch::Change::Update { new, .. } = change {
+                news.push(new[2].clone());
+            }
+        }
+    }
+    assert_eq!(news[0], Value::Unchanged, "default identity: not sent, not NULL");
+    assert_eq!(
+        news[1],
+        Value::Text("y".repeat(10000)),
+        "REPLICA IDENTITY FULL supplies it from the old row"
+    );
+    assert_eq!(news[2], Value::Null, "a real NULL stays NULL");
+    source.stop().await.expect("stop");
+}
+
+#[tokio::test]
+async fn schema_changes_apply_to_the_changes_that_follow() {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    sql(&client, &["CREATE TABLE s (id int PRIMARY KEY, a text)"]).await;
+    let mut source = Running::start(config(&pg, "pub", "slot", &["s"]), Lsn::ZERO, 16).await;
+    sql(
+        &client,
+        &[
+            "INSERT INTO s VALUES (1, 'x')",
+            "ALTER TABLE s ADD COLUMN b int DEFAULT 7",
+            "INSERT INTO s VALUES (2, 'y', 8)",
+            "ALTER TABLE s DROP COLUMN a",
+            "INSERT INTO s VALUES (3, 9)",
+            "ALTER TABLE s ALTER COLUMN b TYPE text",
+            "INSERT INTO s VALUES (4, 'ten')",
+        ],
+    )
+    .await;
+    let mut lines = Vec::new();
+    while lines.len() < 4 {
+        lines.extend(render(&source.next(10).await));
+    }
+    assert_eq!(
+        lines,
+        [
+            "I public.s id=1 a='x'",
+            "I public.s id=2 a='y' b=8",
+            "I public.s id=3 b=9",
+            "I public.s id=4 b='ten'",
+        ]
+    );
+    source.stop().await.expect("stop");
+}
+
+#[tokio::test]
+async fn partitions_publish_under_their_own_name_or_the_root() {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    sql(
+        &client,
+        &[
+            "CREATE TABLE m (id int, at date, PRIMARY KEY (id, at)) PARTITION BY RANGE (at)",
+            "CREATE TABLE m_2024 PARTITION OF m FOR VALUES FROM ('2024-01-01') TO ('2025-01-01')",
+            "CREATE TABLE m_2025 PARTITION OF m FOR VALUES FROM ('2025-01-01') TO ('2026-01-01')",
+        ],
+    )
+    .await;
+    let leaf = Running::start(config(&pg, "by_leaf", "leaf_slot", &["m"]), Lsn::ZERO, 16).await;
+    let mut root_config = config(&pg, "by_root", "root_slot", &["m"]);
+    root_config.publish_via_partition_root = true;
+    let root = Running::start(root_config, Lsn::ZERO, 16).await;
+    sql(
+        &client,
+        &["INSERT INTO m VALUES (1, '2024-06-01'), (2, '2025-06-01')"],
+    )
+    .await;
+    for (mut source, expected) in [
+        (leaf, ["public.m_2024", "public.m_2025"]),
+        (root, ["public.m", "public.m"]),
+    ] {
+        let batch = source.next(10).await;
+        let tables: Vec<String> = render(&batch)
+            .iter()
+            .map(|l| l.split(' ').nth(1).unwrap_or_default().to_owned())
+            .collect();
+        assert_eq!(tables, expected);
+        source.stop().await.expect("stop");
+    }
+}
+
+/// Resident set size high-water mark of this process, in KiB.
+fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .expect("/proc/self/status")
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM")
+}
+
+fn reset_peak_rss() {
+    // Writing 5 to clear_refs resets VmHWM to the current RSS (Linux ≥ 4.0).
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_million_row_transaction_streams_in_bounded_memory() {
+    const ROWS: i64 = 1_000_000;
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    sql(
+        &client,
+        &["CREATE TABLE big (id int8 PRIMARY KEY, payload text NOT NULL)"],
+    )
+    .await;
+    let mut cfg = config(&pg, "pub", "slot", &["big"]);
+    cfg.limits.max_rows = 5_000;
+    let mut source = Running::start(cfg, Lsn::ZERO, 2).await;
+    // ~100 bytes of text per row: ~100 MB of values if held at once.
+    sql(
+        &client,
+        &[&format!(
+            "INSERT INTO big SELECT g, repeat(md5(g::text), 3) FROM generate_series(1, {ROWS}) g"
+        )],
+    )
+    .await;
+    reset_peak_rss();
+    let before = peak_rss_kib();
+    let mut next_id = 1;
+    let mut chunks = 0;
+    loop {
+        let batch = source.next(120).await;
+        assert!(batch.changes.len() <= 5_000);
+        assert_eq!(batch.txn.chunk, chunks, "chunks in order");
+        chunks += 1;
+        for change in &batch.changes {
+            match change {
+                datum::batch::Change::Insert { new, .. } => {
+                    assert_eq!(new[0], Value::Int(next_id));
+                    next_id += 1;
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        if batch.txn.last {
+            break;
+        }
+    }
+    assert_eq!(next_id, ROWS + 1, "every row, once, in order");
+    let grown_mib = (peak_rss_kib().saturating_sub(before)) / 1024;
+    eprintln!("peak RSS grew by {grown_mib} MiB over {chunks} chunks");
+    assert!(
+        grown_mib < 48,
+        "peak RSS grew by {grown_mib} MiB: chunks are not bounding memory"
+    );
+    source.stop().await.expect("stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminated_walsender_is_replaced_without_loss_duplicates_or_disorder() {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    sql(&client, &["CREATE TABLE seq (id int PRIMARY KEY)"]).await;
+    let mut cfg = config(&pg, "pub", "slot", &["seq"]);
+    cfg.reconnect_initial = Duration::from_millis(50);
+    cfg.limits.max_rows = 7;
+    let mut source = Running::start(cfg, Lsn::ZERO, 4).await;
+
+    let writer_conninfo = pg.conninfo("postgres");
+    let writer = tokio::spawn(async move {
+        let client = connect(&writer_conninfo).await;
+        for txn in 0..300 {
+            // Transactions of 1 to 20 rows, so some are chunked.
+            let rows = txn % 20 + 1;
+            let first = txn * 20 + 1;
+            client
+                .batch_execute(&format!(
+                    "INSERT INTO seq SELECT g FROM generate_series({first}, {}) g",
+                    first + rows - 1
+                ))
+                .await
+                .expect("insert");
+        }
+    });
+    let killer_conninfo = pg.conninfo("postgres");
+    let stats = source.stats.clone();
+    let killer = tokio::spawn(async move {
+        let client = connect(&killer_conninfo).await;
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let pid = stats.walsender_pid.load(std::sync::atomic::Ordering::Relaxed) as i32;
+            client
+                .query("SELECT pg_terminate_backend($1)", &[&pid])
+                .await
+                .expect("terminate");
+        }
+    });
+
+    let mut expected = Vec::new();
+    for txn in 0..300 {
+        let first = txn * 20 + 1;
+        expected.extend(first..first + txn % 20 + 1);
+    }
+    let mut seen = Vec::new();
+    while seen.len() < expected.len() {
+        let batch = source.next(30).await;
+        for change in &batch.changes {
+            if let datum::batch::Change::Insert { new, .. } = change {
+                let Value::Int(id) = new[0] else { panic!() };
+                seen.push(id as i32);
+            }
+        }
+        if batch.txn.last {
+            // Acknowledge as a checkpoint would.
+            source.flushed.send_replace(Lsn(batch.txn.end_lsn));
+        }
+    }
+    writer.await.expect("writer");
+    killer.await.expect("killer");
+    assert_eq!(seen, expected, "nothing lost, duplicated or reordered");
+    let reconnects = source.stats.reconnects.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(reconnects >= 1, "the walsender was terminated {reconnects} times");
+    source.stop().await.expect("stop");
+}
+
+#[tokio::test]
+async fn password_logins_stream_and_a_wrong_password_stops_without_leaking_it() {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    sql(&client, &["CREATE TABLE t (id int PRIMARY KEY)"]).await;
+    for (i, auth) in [PasswordAuth::Scram, PasswordAuth::Md5, PasswordAuth::Cleartext]
+        .into_iter()
+        .enumerate()
+    {
+        let user = format!("repl{i}");
+        pg.create_login(&user, "pa55 word", auth, "REPLICATION")
+            .expect("login");
+        sql(&client, &[&format!("GRANT ALL ON t TO {user}")]).await;
+        if i == 0 {
+            // The first one creates the publication, as the table owner.
+            sql(&client, &["CREATE PUBLICATION pub FOR TABLE t"]).await;
+        }
+        let mut cfg = config(&pg, "pub", &format!("slot{i}"), &[]);
+        let conninfo = format!(
+            "host={} port={} dbname=postgres user={user} password='pa55 word'",
+            if i == 1 { pg.socket_dir().display().to_string() } else { "127.0.0.1".into() },
+            pg.port()
+        );
+        cfg.conninfo = conninfo.parse().expect("conninfo");
+        let mut source = Running::start(cfg.clone(), Lsn::ZERO, 4).await;
+        sql(&client, &[&format!("INSERT INTO t VALUES ({i})")]).await;
+        assert_eq!(render(&source.next(10).await), [format!("I public.t id={i}")]);
+        source.stop().await.expect("stop");
+
+        cfg.conninfo = conninfo
+            .replace("pa55 word", "secret-wrong-pw")
+            .parse()
+            .expect("conninfo");
+        let err = datum::source::prepare(&cfg)
+            .await
+            .expect_err("wrong password");
+        assert!(matches!(err, SourceError::Auth { .. }), "{err:?}");
+        assert!(!err.is_transient(), "a wrong password is not retried");
+        let text = format!("{err} {err:?}");
+        assert!(!text.contains("secret-wrong-pw"), "password leaked: {text}");
+        let stopped = Running::start_prepared(cfg, Lsn::ZERO, 4).ended(10).await;
+        let err = stopped.expect_err("the stream refuses too");
+        assert!(matches!(err, SourceError::Auth { .. }), "{err:?}");
+        assert!(!format!("{err} {err:?}").contains("secret-wrong-pw"));
+    }
+}
+
+#[tokio::test]
+async fn a_start_past_the_checkpoint_is_reported_not_ignored() {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    sql(&client, &["CREATE TABLE t (id int PRIMARY KEY)"]).await;
+    let mut source = Running::start(config(&pg, "pub", "slot", &["t"]), Lsn::ZERO, 4).await;
+    sql(&client, &["INSERT INTO t VALUES (1)", "INSERT INTO t VALUES (2)"]).await;
+    let first = source.next(10).await;
+    let second = source.next(10).await;
+    // Someone acknowledges the second transaction to the server...
+    source.flushed.send_replace(Lsn(second.txn.end_lsn));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    source.stop().await.expect("stop");
+    // ...but our checkpoint only covers the first: resuming must not
+    // silently skip the second.
+    let resumed = Running::start_prepared(
+        config(&pg, "pub", "slot", &["t"]),
+        Lsn(first.txn.end_lsn),
+        4,
+    );
+    let err = resumed.ended(10).await.expect_err("fast-forward detected");
+    assert!(matches!(err, SourceError::FastForward { .. }), "{err:?}");
+    assert!(!err.is_transient());
+}
+
+#[tokio::test]
+async fn a_missing_slot_or_publication_is_a_definite_error() {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    sql(&client, &["CREATE TABLE t (id int PRIMARY KEY)"]).await;
+    let err = Running::start_prepared(config(&pg, "pub", "nope", &["t"]), Lsn::ZERO, 4)
+        .ended(10)
+        .await
+        .expect_err("no slot");
+    assert!(!err.is_transient(), "{err}");
+    assert!(err.to_string().contains("does not exist"), "{err}");
+}
