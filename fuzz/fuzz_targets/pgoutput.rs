@@ -16,7 +16,10 @@ fuzz_target!(|data: &[u8]| {
             }
             let mut longer = data.to_vec();
             longer.push(0);
-            assert!(decode(&longer).is_err(), "trailing byte accepted: {message:?}");
+            assert!(
+                decode(&longer).is_err(),
+                "trailing byte accepted: {message:?}"
+            );
         }
         Err(error) => {
             // Formatting the error must not panic either.

@@ -6,9 +6,10 @@ mod cli;
 use std::process::ExitCode;
 
 use clap::Parser;
+use datum::source::check;
 
 fn main() -> ExitCode {
-    let _cli = cli::Cli::parse();
+    let cli = cli::Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -16,5 +17,42 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    ExitCode::SUCCESS
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    match cli.command {
+        cli::Command::Check {
+            url,
+            publication,
+            slot,
+            tables,
+        } => {
+            let target = check::Target {
+                publication,
+                slot,
+                tables,
+            };
+            match runtime.block_on(check::check_source(&url, &target)) {
+                Ok(report) => {
+                    print!("{report}");
+                    if report.failed() {
+                        ExitCode::from(1)
+                    } else {
+                        ExitCode::SUCCESS
+                    }
+                }
+                Err(err) => {
+                    eprintln!("error: {err:#}");
+                    ExitCode::from(2)
+                }
+            }
+        }
+    }
 }

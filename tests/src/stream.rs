@@ -112,10 +112,13 @@ impl Running {
 
     /// Waits for the source to end by itself (a definite error).
     pub async fn ended(mut self, secs: u64) -> Result<(), SourceError> {
-        tokio::time::timeout(Duration::from_secs(secs), self.handle.take().expect("running"))
-            .await
-            .expect("the source keeps running")
-            .expect("the source task panicked")
+        tokio::time::timeout(
+            Duration::from_secs(secs),
+            self.handle.take().expect("running"),
+        )
+        .await
+        .expect("the source keeps running")
+        .expect("the source task panicked")
     }
 }
 
@@ -130,7 +133,11 @@ pub fn render_change(change: &Change) -> String {
     match change {
         Change::Insert { relation, new } => {
             write!(out, "I {}.{}", relation.schema, relation.table).ok();
-            row(&mut out, relation.columns.iter().map(|c| c.name.as_str()), new);
+            row(
+                &mut out,
+                relation.columns.iter().map(|c| c.name.as_str()),
+                new,
+            );
         }
         Change::Update { relation, old, new } => {
             write!(out, "U {}.{}", relation.schema, relation.table).ok();
@@ -147,7 +154,11 @@ pub fn render_change(change: &Change) -> String {
                 row(&mut out, names.map(|c| c.name.as_str()), &values);
                 out.push_str(" new:");
             }
-            row(&mut out, relation.columns.iter().map(|c| c.name.as_str()), new);
+            row(
+                &mut out,
+                relation.columns.iter().map(|c| c.name.as_str()),
+                new,
+            );
         }
         Change::Delete { relation, old } => {
             write!(out, "D {}.{}", relation.schema, relation.table).ok();

@@ -207,9 +207,10 @@ impl Assembler {
                 end_lsn,
                 ..
             } => {
-                let open = self.open.take().ok_or_else(|| {
-                    SourceError::Protocol("Commit without a transaction".into())
-                })?;
+                let open = self
+                    .open
+                    .take()
+                    .ok_or_else(|| SourceError::Protocol("Commit without a transaction".into()))?;
                 if Lsn(commit_lsn) != open.commit_lsn {
                     return Err(SourceError::Protocol(format!(
                         "Commit at {} does not match Begin's {}",
@@ -448,7 +449,7 @@ impl Assembler {
         }
         let chunk = open.chunk;
         open.chunk += 1;
-        let changes = std::mem::replace(&mut open.changes, Vec::new());
+        let changes = std::mem::take(&mut open.changes);
         let bytes = std::mem::take(&mut open.bytes);
         Ok(Some(Batch {
             txn: Txn {
@@ -653,7 +654,11 @@ mod tests {
                 (2, true, 108, vec![5])
             ]
         );
-        assert!(batches.iter().all(|b| b.txn.commit_lsn == 100 && b.txn.xid == 7));
+        assert!(
+            batches
+                .iter()
+                .all(|b| b.txn.commit_lsn == 100 && b.txn.xid == 7)
+        );
     }
 
     #[test]

@@ -59,10 +59,21 @@ fn sql_connect_error(info: &ConnInfo, err: tokio_postgres::Error) -> SourceError
             reason: db.message().to_owned(),
         };
     }
+    // A refused certificate comes back wrapped by tokio-postgres; it is as
+    // definite as on the replication connection.
+    let mut transient = true;
+    let mut source = std::error::Error::source(&err);
+    while let Some(cause) = source {
+        if let Some(tls) = cause.downcast_ref::<tls::TlsError>() {
+            transient = tls.is_transient();
+        }
+        source = cause.source();
+    }
     // tokio-postgres errors name the failing step, never the password.
     SourceError::Connect {
         target: info.redacted(),
         reason: error_chain(&err),
+        transient,
     }
 }
 

@@ -132,6 +132,14 @@ pub fn split_table(name: &str) -> (String, String) {
     }
 }
 
+/// Connects to `conninfo` (a URL or libpq key=value string) and runs every
+/// check: what `datum check` does.
+pub async fn check_source(conninfo: &str, target: &Target) -> anyhow::Result<Report> {
+    let info: super::ConnInfo = conninfo.parse()?;
+    let client = catalog::connect(&info).await?;
+    Ok(run(&client, target).await?)
+}
+
 /// Runs every check. Errors only when the catalog cannot be read at all.
 pub async fn run(client: &Client, target: &Target) -> Result<Report, SourceError> {
     let mut report = Report::default();
@@ -177,7 +185,10 @@ pub async fn run(client: &Client, target: &Target) -> Result<Report, SourceError
     let (user, can_replicate, encoding): (String, bool, String) =
         (row.get(0), row.get(1), row.get(2));
     if can_replicate {
-        report.pass("replication privilege", format!("role `{user}` may replicate"));
+        report.pass(
+            "replication privilege",
+            format!("role `{user}` may replicate"),
+        );
     } else {
         report.fail(
             "replication privilege",
@@ -397,7 +408,11 @@ async fn check_publication(
             format!("does not cover {}", names.join(", ")),
             format!(
                 "run `ALTER PUBLICATION \"{publication}\" ADD TABLE {}`",
-                missing.iter().map(|t| quoted(t)).collect::<Vec<_>>().join(", ")
+                missing
+                    .iter()
+                    .map(|t| quoted(t))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         );
     }

@@ -588,6 +588,12 @@ fn parse_url(rest: &str) -> Result<Given, ConnInfoError> {
             .ok_or_else(|| syntax(KIND, "an IPv6 address in `[` has no closing `]`"))?;
         let port = match after {
             "" => None,
+            _ if after.contains(',') => {
+                return Err(ConnInfoError::MultipleHosts {
+                    key: "host",
+                    origin: Origin::Url,
+                });
+            }
             _ => Some(after.strip_prefix(':').ok_or_else(|| {
                 syntax(
                     KIND,
@@ -1161,6 +1167,7 @@ mod tests {
             "hostaddr=10.0.0.1,10.0.0.2",
             "postgres://a,b/db",
             "postgres://a:1,b:2/db",
+            "postgres://[::1]:1,[::2]:2/db",
         ] {
             let err = error(s);
             assert!(err.contains("several servers"), "{s}: {err}");

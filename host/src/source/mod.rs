@@ -45,13 +45,17 @@ use tokio_postgres::Client;
 /// needs a person (a wrong password, a dropped slot, a missing publication).
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
-    /// The server could not be reached.
+    /// The server could not be reached, or the connection could not be set
+    /// up.
     #[error("cannot connect to {target}: {reason}")]
     Connect {
         /// The connection target, without password.
         target: String,
         /// Why.
         reason: String,
+        /// Whether trying again may help (an unreachable server may come
+        /// back; a refused certificate or an SSL-less server will not).
+        transient: bool,
     },
     /// The server refused our credentials, or asked for something we lack.
     #[error("authentication as `{user}` failed: {reason}")]
@@ -109,14 +113,15 @@ impl SourceError {
     /// count as transient; definite ones need a person.
     pub fn is_transient(&self) -> bool {
         match self {
-            SourceError::Connect { .. } | SourceError::Io(_) => true,
+            SourceError::Connect { transient, .. } => *transient,
+            SourceError::Io(_) => true,
             SourceError::Server(err) => transient_sqlstate(&err.code),
             SourceError::Sql(err) => match err.as_db_error() {
                 Some(db) => transient_sqlstate(db.code().code()),
                 None => true,
             },
+            SourceError::Tls(err) => err.is_transient(),
             SourceError::Auth { .. }
-            | SourceError::Tls(_)
             | SourceError::Protocol(_)
             | SourceError::Decode(_)
             | SourceError::Requirement { .. }

@@ -61,7 +61,11 @@ pub struct ServerError {
 
 impl std::fmt::Display for ServerError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {} (SQLSTATE {})", self.severity, self.message, self.code)?;
+        write!(
+            f,
+            "{}: {} (SQLSTATE {})",
+            self.severity, self.message, self.code
+        )?;
         if let Some(detail) = &self.detail {
             write!(f, "; {detail}")?;
         }
@@ -143,6 +147,7 @@ impl Connection {
             Err(_) => Err(SourceError::Connect {
                 target: info.redacted(),
                 reason: format!("timed out after {timeout:?}"),
+                transient: true,
             }),
         }
     }
@@ -151,6 +156,7 @@ impl Connection {
         let connect_err = |err: std::io::Error| SourceError::Connect {
             target: info.redacted(),
             reason: err.to_string(),
+            transient: true,
         };
         let mut end_point = None;
         let io: Box<dyn Io> = match &info.host {
@@ -159,9 +165,13 @@ impl Connection {
                 Box::new(UnixStream::connect(&path).await.map_err(connect_err)?)
             }
             Host::Tcp(host) => {
-                let mut tcp = TcpStream::connect((host.as_str(), info.port))
-                    .await
-                    .map_err(connect_err)?;
+                // hostaddr, when given, is where to connect; host stays the
+                // name that TLS verifies.
+                let tcp = match info.hostaddr {
+                    Some(addr) => TcpStream::connect((addr, info.port)).await,
+                    None => TcpStream::connect((host.as_str(), info.port)).await,
+                };
+                let mut tcp = tcp.map_err(connect_err)?;
                 tcp.set_nodelay(true).map_err(connect_err)?;
                 match tls::connector(info)? {
                     None => Box::new(tcp),
@@ -180,6 +190,7 @@ impl Connection {
                                      requires it: enable ssl on the server or use sslmode=prefer",
                                     tls.mode()
                                 ),
+                                transient: false,
                             });
                         }
                     }
@@ -249,8 +260,7 @@ impl Connection {
                             let mut salt = [0u8; 4];
                             salt.copy_from_slice(&body[..4]);
                             let password = self.password(info)?;
-                            let hash =
-                                md5_hash(info.user.as_bytes(), password.as_bytes(), salt);
+                            let hash = md5_hash(info.user.as_bytes(), password.as_bytes(), salt);
                             frontend::password_message(hash.as_bytes(), &mut self.wbuf)
                                 .map_err(|e| SourceError::Protocol(e.to_string()))?;
                             self.flush().await?;
@@ -597,7 +607,8 @@ mod tests {
 
     #[test]
     fn parses_server_errors() {
-        let body = b"SERROR\0VERROR\0C42704\0Mreplication slot \"x\" does not exist\0Hcreate it\0\0";
+        let body =
+            b"SERROR\0VERROR\0C42704\0Mreplication slot \"x\" does not exist\0Hcreate it\0\0";
         let err = ServerError::parse(body);
         assert_eq!(err.severity, "ERROR");
         assert_eq!(err.code, "42704");
@@ -633,7 +644,10 @@ mod tests {
         k.push(1);
         assert!(matches!(
             parse_copy_data(Bytes::from(k.clone())).expect("keepalive"),
-            Frame::Keepalive { wal_end: Lsn(0x30), reply: true }
+            Frame::Keepalive {
+                wal_end: Lsn(0x30),
+                reply: true
+            }
         ));
         for frame in [w, k] {
             for cut in 0..frame.len().min(25) {

@@ -312,7 +312,10 @@ mod tests {
     fn jitter_stays_within_a_quarter() {
         for _ in 0..100 {
             let d = jitter(Duration::from_secs(4));
-            assert!(d >= Duration::from_secs(3) && d <= Duration::from_secs(5), "{d:?}");
+            assert!(
+                d >= Duration::from_secs(3) && d <= Duration::from_secs(5),
+                "{d:?}"
+            );
         }
     }
 }

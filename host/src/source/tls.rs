@@ -109,8 +109,15 @@ pub enum TlsError {
     /// rustls refused the configuration.
     #[error("building the TLS configuration: {0}")]
     Config(String),
-    /// The handshake failed: a certificate that does not verify, a protocol
-    /// mismatch or a broken connection.
+    /// The server's certificate did not verify.
+    #[error(
+        "the server's TLS certificate was refused: {0}; check that sslrootcert holds the CA \
+         that signed it and, with sslmode=verify-full, that host is a name or address the \
+         certificate lists"
+    )]
+    Certificate(#[source] io::Error),
+    /// The handshake failed otherwise: a protocol mismatch or a broken
+    /// connection.
     #[error("TLS handshake with the server failed: {0}")]
     Handshake(#[source] io::Error),
 }
@@ -124,9 +131,7 @@ impl TlsError {
             TlsError::Handshake(_) => !self.rustls_error().is_some_and(|err| {
                 matches!(
                     err,
-                    rustls::Error::InvalidCertificate(_)
-                        | rustls::Error::PeerIncompatible(_)
-                        | rustls::Error::NoCertificatesPresented
+                    rustls::Error::PeerIncompatible(_) | rustls::Error::NoCertificatesPresented
                 )
             }),
             _ => false,
@@ -143,7 +148,9 @@ impl TlsError {
 
     fn rustls_error(&self) -> Option<&rustls::Error> {
         match self {
-            TlsError::Handshake(err) => err.get_ref()?.downcast_ref::<rustls::Error>(),
+            TlsError::Handshake(err) | TlsError::Certificate(err) => {
+                err.get_ref()?.downcast_ref::<rustls::Error>()
+            }
             _ => None,
         }
     }
@@ -426,12 +433,23 @@ impl TlsConnect {
         tokio_rustls::TlsConnector::from(self.config.clone())
             .connect(self.server_name.clone(), stream)
             .await
-            .map_err(TlsError::Handshake)
+            .map_err(|err| {
+                let refused = err
+                    .get_ref()
+                    .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+                    .is_some_and(|err| matches!(err, rustls::Error::InvalidCertificate(_)));
+                if refused {
+                    TlsError::Certificate(err)
+                } else {
+                    TlsError::Handshake(err)
+                }
+            })
     }
 
     /// The sslmode this connector implements. With [`SslMode::Prefer`] the
     /// caller goes on in plaintext when the server answers `N`; with any
-    /// other mode that answer is an error.
+    /// other mode that answer is an error. (libpq's `prefer` also retries in
+    /// plaintext after a failed handshake; whether to is the caller's call.)
     pub fn mode(&self) -> SslMode {
         self.mode
     }
@@ -733,11 +751,14 @@ mod tests {
     }
 
     fn unknown_issuer(err: &TlsError) -> bool {
+        let text = err.to_string();
         !err.is_transient()
             && matches!(
                 err.certificate_error(),
                 Some(CertificateError::UnknownIssuer)
             )
+            && text.contains("certificate was refused")
+            && text.contains("sslrootcert")
     }
 
     fn wrong_name(err: &TlsError) -> bool {

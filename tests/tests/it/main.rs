@@ -4,3 +4,4 @@
 
 mod harness;
 mod source;
+mod tls_harness;

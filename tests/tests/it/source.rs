@@ -229,7 +229,11 @@ async fn typed_values_survive_the_trip() {
 async fn arbitrary_bytea_survives() {
     let pg = cluster();
     let client = connect(&pg.conninfo("postgres")).await;
-    sql(&client, &["CREATE TABLE blob (id int PRIMARY KEY, data bytea)"]).await;
+    sql(
+        &client,
+        &["CREATE TABLE blob (id int PRIMARY KEY, data bytea)"],
+    )
+    .await;
     let mut source = Running::start(config(&pg, "pub", "slot", &["blob"]), Lsn::ZERO, 4).await;
     let all: Vec<u8> = (0..=255u8).cycle().take(5000).collect();
     client
@@ -284,7 +288,11 @@ async fn unchanged_toast_is_not_null() {
             }
         }
     }
-    assert_eq!(news[0], Value::Unchanged, "default identity: not sent, not NULL");
+    assert_eq!(
+        news[0],
+        Value::Unchanged,
+        "default identity: not sent, not NULL"
+    );
     assert_eq!(
         news[1],
         Value::Text("y".repeat(10000)),
@@ -465,7 +473,9 @@ async fn a_terminated_walsender_is_replaced_without_loss_duplicates_or_disorder(
         let client = connect(&killer_conninfo).await;
         for _ in 0..3 {
             tokio::time::sleep(Duration::from_millis(300)).await;
-            let pid = stats.walsender_pid.load(std::sync::atomic::Ordering::Relaxed) as i32;
+            let pid = stats
+                .walsender_pid
+                .load(std::sync::atomic::Ordering::Relaxed) as i32;
             client
                 .query("SELECT pg_terminate_backend($1)", &[&pid])
                 .await
@@ -495,8 +505,14 @@ async fn a_terminated_walsender_is_replaced_without_loss_duplicates_or_disorder(
     writer.await.expect("writer");
     killer.await.expect("killer");
     assert_eq!(seen, expected, "nothing lost, duplicated or reordered");
-    let reconnects = source.stats.reconnects.load(std::sync::atomic::Ordering::Relaxed);
-    assert!(reconnects >= 1, "the walsender was terminated {reconnects} times");
+    let reconnects = source
+        .stats
+        .reconnects
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        reconnects >= 1,
+        "the walsender was terminated {reconnects} times"
+    );
     source.stop().await.expect("stop");
 }
 
@@ -505,9 +521,13 @@ async fn password_logins_stream_and_a_wrong_password_stops_without_leaking_it() 
     let pg = cluster();
     let client = connect(&pg.conninfo("postgres")).await;
     sql(&client, &["CREATE TABLE t (id int PRIMARY KEY)"]).await;
-    for (i, auth) in [PasswordAuth::Scram, PasswordAuth::Md5, PasswordAuth::Cleartext]
-        .into_iter()
-        .enumerate()
+    for (i, auth) in [
+        PasswordAuth::Scram,
+        PasswordAuth::Md5,
+        PasswordAuth::Cleartext,
+    ]
+    .into_iter()
+    .enumerate()
     {
         let user = format!("repl{i}");
         pg.create_login(&user, "pa55 word", auth, "REPLICATION")
@@ -520,13 +540,20 @@ async fn password_logins_stream_and_a_wrong_password_stops_without_leaking_it() 
         let mut cfg = config(&pg, "pub", &format!("slot{i}"), &[]);
         let conninfo = format!(
             "host={} port={} dbname=postgres user={user} password='pa55 word'",
-            if i == 1 { pg.socket_dir().display().to_string() } else { "127.0.0.1".into() },
+            if i == 1 {
+                pg.socket_dir().display().to_string()
+            } else {
+                "127.0.0.1".into()
+            },
             pg.port()
         );
         cfg.conninfo = conninfo.parse().expect("conninfo");
         let mut source = Running::start(cfg.clone(), Lsn::ZERO, 4).await;
         sql(&client, &[&format!("INSERT INTO t VALUES ({i})")]).await;
-        assert_eq!(render(&source.next(10).await), [format!("I public.t id={i}")]);
+        assert_eq!(
+            render(&source.next(10).await),
+            [format!("I public.t id={i}")]
+        );
         source.stop().await.expect("stop");
 
         cfg.conninfo = conninfo
@@ -553,7 +580,11 @@ async fn a_start_past_the_checkpoint_is_reported_not_ignored() {
     let client = connect(&pg.conninfo("postgres")).await;
     sql(&client, &["CREATE TABLE t (id int PRIMARY KEY)"]).await;
     let mut source = Running::start(config(&pg, "pub", "slot", &["t"]), Lsn::ZERO, 4).await;
-    sql(&client, &["INSERT INTO t VALUES (1)", "INSERT INTO t VALUES (2)"]).await;
+    sql(
+        &client,
+        &["INSERT INTO t VALUES (1)", "INSERT INTO t VALUES (2)"],
+    )
+    .await;
     let first = source.next(10).await;
     let second = source.next(10).await;
     // Someone acknowledges the second transaction to the server...
@@ -583,4 +614,210 @@ async fn a_missing_slot_or_publication_is_a_definite_error() {
         .expect_err("no slot");
     assert!(!err.is_transient(), "{err}");
     assert!(err.to_string().contains("does not exist"), "{err}");
+}
+
+#[tokio::test]
+async fn check_reports_each_requirement_with_what_to_do() {
+    let pg = datum::throwaway::Cluster::builder()
+        .setting("wal_level", "replica")
+        .start()
+        .expect("cluster");
+    let client = connect(&pg.conninfo("postgres")).await;
+    sql(
+        &client,
+        &[
+            "CREATE TABLE keyed (id int PRIMARY KEY)",
+            "CREATE TABLE keyless (x int)",
+            "CREATE ROLE reader LOGIN",
+        ],
+    )
+    .await;
+    let target = datum::source::check::Target {
+        publication: Some("pub".into()),
+        slot: Some("slot".into()),
+        tables: vec!["keyed".into(), "keyless".into(), "missing".into()],
+    };
+    let report = datum::source::check::check_source(&pg.conninfo("postgres"), &target)
+        .await
+        .expect("report");
+    let text = report.to_string();
+    assert!(report.failed());
+    for expected in [
+        "[pass] server version: PostgreSQL 15",
+        "[FAIL] wal_level: `replica`; logical replication needs `logical`",
+        "fix: run `ALTER SYSTEM SET wal_level = logical`",
+        "[pass] replication privilege",
+        "[pass] table public.keyed: replica identity primary key",
+        "[FAIL] table public.keyless: public.keyless has no primary key",
+        "REPLICA IDENTITY FULL",
+        "[FAIL] table public.missing: does not exist",
+        "[warn] publication pub: does not exist",
+        "[warn] slot slot: does not exist",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
+    let as_reader =
+        format!("{} user=reader", pg.conninfo("postgres")).replace("user=postgres ", "");
+    let report = datum::source::check::check_source(&as_reader, &target)
+        .await
+        .expect("report");
+    assert!(
+        report.to_string().contains(
+            "[FAIL] replication privilege: role `reader` lacks the REPLICATION attribute"
+        ),
+        "{report}"
+    );
+    // prepare() refuses with the first failure and what to do about it.
+    let err = datum::source::prepare(&config(&pg, "pub", "slot", &["keyed"]))
+        .await
+        .expect_err("wal_level = replica");
+    assert!(err.to_string().contains("wal_level"), "{err}");
+    assert!(!err.is_transient());
+}
+
+#[tokio::test]
+async fn transactions_from_a_replication_origin_stream_normally() {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    sql(&client, &["CREATE TABLE t (id int PRIMARY KEY)"]).await;
+    let mut source = Running::start(config(&pg, "pub", "slot", &["t"]), Lsn::ZERO, 4).await;
+    sql(
+        &client,
+        &[
+            "SELECT pg_replication_origin_create('upstream')",
+            "SELECT pg_replication_origin_session_setup('upstream')",
+            "INSERT INTO t VALUES (1)",
+            "SELECT pg_replication_origin_session_reset()",
+            "INSERT INTO t VALUES (2)",
+        ],
+    )
+    .await;
+    let mut lines = render(&source.next(10).await);
+    lines.extend(render(&source.next(10).await));
+    assert_eq!(lines, ["I public.t id=1", "I public.t id=2"]);
+    source.stop().await.expect("stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_updates_keep_the_walsender_alive_while_idle_and_under_back_pressure() {
+    // wal_sender_timeout of 1 s: without status updates of our own while
+    // blocked on downstream, the server would drop the connection.
+    let pg = datum::throwaway::Cluster::builder()
+        .setting("wal_sender_timeout", "1s")
+        .start()
+        .expect("cluster");
+    let client = connect(&pg.conninfo("postgres")).await;
+    sql(&client, &["CREATE TABLE t (id int PRIMARY KEY)"]).await;
+    let mut source = Running::start(config(&pg, "pub", "slot", &["t"]), Lsn::ZERO, 1).await;
+
+    // Idle for three timeouts.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Back-pressure: the channel holds one batch and nobody reads for three
+    // timeouts while more transactions wait.
+    for id in 0..5 {
+        sql(&client, &[&format!("INSERT INTO t VALUES ({id})")]).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut lines = Vec::new();
+    for _ in 0..5 {
+        lines.extend(render(&source.next(10).await));
+    }
+    assert_eq!(lines.len(), 5);
+    let stats = &source.stats;
+    assert_eq!(
+        stats.reconnects.load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "the walsender timed us out"
+    );
+    assert!(
+        stats
+            .status_updates
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 12,
+        "a status update at least every 500 ms over 6 s"
+    );
+    let log = pg.log();
+    assert!(
+        !log.contains("terminating walsender process due to replication timeout"),
+        "{log}"
+    );
+    source.stop().await.expect("stop");
+}
+
+#[tokio::test]
+async fn streams_over_tls_with_each_verifying_sslmode() {
+    let pg = datum::throwaway::Cluster::builder()
+        .ssl(true)
+        .start()
+        .expect("cluster with ssl");
+    let ca = pg.ca_cert().expect("an ssl cluster has a CA");
+    let client = connect(&pg.conninfo("postgres")).await;
+    sql(&client, &["CREATE TABLE t (id int PRIMARY KEY)"]).await;
+    pg.create_login("tls_user", "tls pw", PasswordAuth::ScramSsl, "REPLICATION")
+        .expect("ssl-only login");
+    sql(
+        &client,
+        &[
+            "GRANT ALL ON t TO tls_user",
+            "CREATE PUBLICATION pub FOR TABLE t",
+        ],
+    )
+    .await;
+    let modes = [
+        ("require", "127.0.0.1"),
+        ("verify-ca", "127.0.0.1"),
+        ("verify-full", "localhost"),
+    ];
+    for (i, (mode, host)) in modes.into_iter().enumerate() {
+        let mut cfg = config(&pg, "pub", &format!("slot{i}"), &[]);
+        cfg.conninfo = format!(
+            "host={host} port={} dbname=postgres user=tls_user password='tls pw' \
+             sslmode={mode} sslrootcert={}",
+            pg.port(),
+            ca.display()
+        )
+        .parse()
+        .expect("conninfo");
+        let mut source = Running::start(cfg, Lsn::ZERO, 4).await;
+        sql(&client, &[&format!("INSERT INTO t VALUES ({i})")]).await;
+        assert_eq!(
+            render(&source.next(10).await),
+            [format!("I public.t id={i}")]
+        );
+        let pid = source
+            .stats
+            .walsender_pid
+            .load(std::sync::atomic::Ordering::Relaxed) as i32;
+        let ssl: bool = client
+            .query_one("SELECT ssl FROM pg_stat_ssl WHERE pid = $1", &[&pid])
+            .await
+            .expect("pg_stat_ssl")
+            .get(0);
+        assert!(ssl, "the walsender connection ({mode}) is encrypted");
+        source.stop().await.expect("stop");
+    }
+
+    // A certificate from another authority fails verification, definitely.
+    let other = datum::throwaway::Cluster::builder()
+        .ssl(true)
+        .start()
+        .expect("another ssl cluster");
+    let mut cfg = config(&pg, "pub", "slot0", &[]);
+    cfg.conninfo = format!(
+        "host=localhost port={} dbname=postgres user=tls_user password='tls pw' \
+         sslmode=verify-full sslrootcert={}",
+        pg.port(),
+        other.ca_cert().expect("ca").display()
+    )
+    .parse()
+    .expect("conninfo");
+    let err = Running::start_prepared(cfg, Lsn::ZERO, 4)
+        .ended(10)
+        .await
+        .expect_err("untrusted certificate");
+    assert!(!err.is_transient(), "{err}");
+    assert!(
+        err.to_string().to_lowercase().contains("certificate"),
+        "{err}"
+    );
 }
