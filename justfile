@@ -54,3 +54,7 @@ _wasm-target:
     if ! rustup target list --installed | grep -qx wasm32-wasip1; then
         rustup target add wasm32-wasip1
     fi
+
+# Fuzz the pgoutput decoder (needs `cargo install cargo-fuzz`); see fuzz/README.md.
+fuzz SECS="60":
+    cargo fuzz run pgoutput -s none -- -max_total_time={{SECS}}

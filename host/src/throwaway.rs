@@ -471,6 +471,7 @@ impl Builder {
             child: None,
             run_as,
             ca_cert: None,
+            settings: BTreeMap::new(),
         };
         copy_dir(&template.join("data"), &cluster.data_dir())?;
         let mut settings = self.settings;
@@ -483,6 +484,7 @@ impl Builder {
             settings.insert("ssl".to_owned(), "on".to_owned());
         }
         cluster.launch(&settings)?;
+        cluster.settings = settings;
         Ok(cluster)
     }
 }
@@ -496,6 +498,7 @@ pub struct Cluster {
     child: Option<Child>,
     run_as: Option<RunAs>,
     ca_cert: Option<PathBuf>,
+    settings: BTreeMap<String, String>,
 }
 
 impl fmt::Debug for Cluster {
@@ -687,6 +690,24 @@ impl Cluster {
     /// reporting what went wrong; [`Drop`] does the same silently.
     pub fn stop(mut self) -> Result<()> {
         self.shutdown()
+    }
+
+    /// Crashes the server (immediate shutdown, so the next start runs crash
+    /// recovery) and starts it again on the same port with the same
+    /// settings. Connections are cut; replication slots keep only what their
+    /// last checkpoint saved.
+    pub fn restart(&mut self) -> Result<()> {
+        if let Some(child) = self.child.take() {
+            stop_server(child)?;
+        }
+        let settings = self.settings.clone();
+        match self.spawn_server(self.port, &settings)? {
+            Launch::Ready => Ok(()),
+            Launch::PortTaken(log) => Err(HarnessError::Start {
+                reason: format!("port {} was taken while the server restarted", self.port),
+                log,
+            }),
+        }
     }
 
     fn launch(&mut self, settings: &BTreeMap<String, String>) -> Result<()> {

@@ -703,6 +703,28 @@ mod tests {
     }
 
     #[test]
+    fn a_second_cut_before_the_first_cut_point_forgets_nothing() {
+        let limits = BatchLimits {
+            max_rows: 2,
+            max_bytes: usize::MAX,
+        };
+        let mut a = Assembler::new(limits, Lsn::ZERO);
+        // Chunks 0 and 1 (ids 1-4) delivered, cut after id 5.
+        let mut first = txn(100, 7, 5);
+        first.truncate(7);
+        assert_eq!(run(&mut a, first).len(), 2);
+        a.reconnected(Lsn::ZERO);
+        // Cut again after only id 2 of the resend.
+        let mut second = txn(100, 7, 5);
+        second.truncate(4);
+        assert!(run(&mut a, second).is_empty());
+        a.reconnected(Lsn::ZERO);
+        let rest = run(&mut a, txn(100, 7, 5));
+        let shape: Vec<(u32, Vec<i64>)> = rest.iter().map(|b| (b.txn.chunk, ids(b))).collect();
+        assert_eq!(shape, [(2, vec![5])]);
+    }
+
+    #[test]
     fn unchanged_toast_is_taken_from_a_full_old_row_and_kept_otherwise() {
         let mut a = Assembler::new(BatchLimits::default(), Lsn::ZERO);
         let update = |old| Message::Update {

@@ -821,3 +821,166 @@ async fn streams_over_tls_with_each_verifying_sslmode() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_and_restarted_server_is_rejoined_without_loss_or_duplicates() {
+    let mut pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    sql(&client, &["CREATE TABLE t (id int PRIMARY KEY)"]).await;
+    let mut cfg = config(&pg, "pub", "slot", &["t"]);
+    cfg.reconnect_initial = Duration::from_millis(50);
+    cfg.reconnect_max = Duration::from_millis(400);
+    let mut source = Running::start(cfg, Lsn::ZERO, 8).await;
+    for id in 0..5 {
+        sql(&client, &[&format!("INSERT INTO t VALUES ({id})")]).await;
+    }
+    let mut seen = Vec::new();
+    for _ in 0..5 {
+        let batch = source.next(10).await;
+        source.flushed.send_replace(Lsn(batch.txn.end_lsn));
+        seen.extend(render(&batch));
+    }
+    drop(client);
+    pg.restart().expect("restart");
+    let client = connect(&pg.conninfo("postgres")).await;
+    for id in 5..10 {
+        sql(&client, &[&format!("INSERT INTO t VALUES ({id})")]).await;
+    }
+    while seen.len() < 10 {
+        let batch = source.next(30).await;
+        source.flushed.send_replace(Lsn(batch.txn.end_lsn));
+        seen.extend(render(&batch));
+    }
+    let expected: Vec<String> = (0..10).map(|id| format!("I public.t id={id}")).collect();
+    assert_eq!(seen, expected);
+    // Nothing more arrives: the slot may have gone back to its last
+    // checkpoint, but what was already delivered is skipped.
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), source.rx.recv())
+            .await
+            .is_err(),
+        "a duplicate arrived"
+    );
+    assert!(
+        source
+            .stats
+            .reconnects
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 1
+    );
+    source.stop().await.expect("stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_slot_or_publication_stops_the_stream_with_a_clear_error() {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    sql(&client, &["CREATE TABLE t (id int PRIMARY KEY)"]).await;
+
+    // The publication is dropped under a running stream.
+    let source = Running::start(config(&pg, "pub", "slot", &["t"]), Lsn::ZERO, 4).await;
+    sql(
+        &client,
+        &["DROP PUBLICATION pub", "INSERT INTO t VALUES (1)"],
+    )
+    .await;
+    let err = source.ended(20).await.expect_err("publication gone");
+    assert!(!err.is_transient(), "{err}");
+    assert!(
+        err.to_string()
+            .contains("publication \"pub\" does not exist"),
+        "{err}"
+    );
+
+    // The slot is dropped between two sessions.
+    let mut cfg = config(&pg, "pub2", "slot2", &["t"]);
+    cfg.reconnect_initial = Duration::from_millis(500);
+    let source = Running::start(cfg, Lsn::ZERO, 4).await;
+    let pid = loop {
+        let pid = source
+            .stats
+            .walsender_pid
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if pid != 0 {
+            break pid as i32;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    client
+        .query("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .expect("terminate");
+    // The slot is released once its walsender has exited.
+    let mut dropped = false;
+    for _ in 0..100 {
+        if client
+            .query("SELECT pg_drop_replication_slot('slot2')", &[])
+            .await
+            .is_ok()
+        {
+            dropped = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        dropped,
+        "could not drop the slot before the source reconnected"
+    );
+    let err = source.ended(20).await.expect_err("slot gone");
+    assert!(!err.is_transient(), "{err}");
+    assert!(
+        err.to_string()
+            .contains("replication slot \"slot2\" does not exist"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_held_by_another_process_is_refused_unless_told_to_take_it() {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    sql(&client, &["CREATE TABLE t (id int PRIMARY KEY)"]).await;
+    datum::source::prepare(&config(&pg, "pub", "slot", &["t"]))
+        .await
+        .expect("prepare");
+    // Another consumer holds the slot: pg_recvlogical, not retrying.
+    let mut other = std::process::Command::new(pg.binaries().tool("pg_recvlogical"))
+        .args(["--no-loop", "--start", "-S", "slot", "-f", "/dev/null"])
+        .args(["-o", "proto_version=1", "-o", "publication_names=pub"])
+        .args(["-d", &pg.conninfo("postgres")])
+        .spawn()
+        .expect("pg_recvlogical");
+    let holder = loop {
+        let row = client
+            .query_one(
+                "SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'slot'",
+                &[],
+            )
+            .await
+            .expect("slot");
+        if let Some(pid) = row.get::<_, Option<i32>>(0) {
+            break pid;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+
+    let err = datum::source::prepare(&config(&pg, "pub", "slot", &["t"]))
+        .await
+        .expect_err("the slot is in use");
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!("slot slot is in use by process {holder}")),
+        "{text}"
+    );
+    assert!(text.contains("terminate_stale_holder"), "{text}");
+
+    let mut takeover = config(&pg, "pub", "slot", &["t"]);
+    takeover.terminate_stale_holder = true;
+    let mut second = Running::start(takeover, Lsn::ZERO, 4).await;
+    sql(&client, &["INSERT INTO t VALUES (1)"]).await;
+    assert_eq!(render(&second.next(10).await), ["I public.t id=1"]);
+    second.stop().await.expect("stop");
+    let status = other.wait().expect("pg_recvlogical ends");
+    assert!(!status.success(), "its walsender was terminated");
+}
