@@ -215,7 +215,8 @@ pub async fn run(client: &Client, target: &Target) -> Result<Report, SourceError
     }
 
     if let Some(publication) = &target.publication {
-        check_publication(client, publication, &tables, &mut report).await?;
+        let configured = !target.tables.is_empty();
+        check_publication(client, publication, &tables, configured, &mut report).await?;
     }
     if let Some(slot) = &target.slot {
         let database: String = client
@@ -331,6 +332,7 @@ async fn check_publication(
     client: &Client,
     publication: &str,
     tables: &[TableInfo],
+    configured: bool,
     report: &mut Report,
 ) -> Result<(), SourceError> {
     let requirement = format!("publication {publication}");
@@ -344,7 +346,7 @@ async fn check_publication(
         .await
         .map_err(SourceError::Sql)?;
     let Some(row) = row else {
-        if tables.is_empty() {
+        if !configured {
             report.fail(
                 &requirement,
                 "does not exist and no tables are configured to create it for".into(),
