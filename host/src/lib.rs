@@ -5,5 +5,7 @@
 //! contract.
 
 pub mod batch;
+pub mod checkpoint;
+pub mod feedback;
 pub mod source;
 pub mod throwaway;

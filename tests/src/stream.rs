@@ -5,10 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use datum::batch::{Batch, Change};
+use datum::checkpoint::Offset;
+use datum::feedback::Feedback;
 use datum::source::stream::SourceStats;
 use datum::source::{Lsn, SourceConfig, SourceError};
 use datum_guest::Value;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::Cluster;
@@ -18,8 +20,8 @@ use crate::Cluster;
 pub struct Running {
     /// Batches as the source emits them.
     pub rx: mpsc::Receiver<Batch>,
-    /// What the test declares checkpointed (reported to the server as flushed).
-    pub flushed: watch::Sender<Lsn>,
+    /// The feedback coordinator the source registers batches with.
+    pub feedback: Arc<Feedback>,
     /// The source's counters.
     pub stats: Arc<SourceStats>,
     stop: Option<oneshot::Sender<()>>,
@@ -51,14 +53,17 @@ impl Running {
     /// Starts streaming without preparing.
     pub fn start_prepared(config: SourceConfig, resume_after: Lsn, capacity: usize) -> Running {
         let (tx, rx) = mpsc::channel(capacity);
-        let (flushed, flushed_rx) = watch::channel(resume_after);
+        let feedback = Feedback::new(Offset {
+            end_lsn: resume_after,
+            ..Offset::default()
+        });
         let (stop, stop_rx) = oneshot::channel::<()>();
         let stats = Arc::new(SourceStats::default());
         let handle = tokio::spawn(datum::source::stream::run(
             config,
             resume_after,
             tx,
-            flushed_rx,
+            feedback.clone(),
             stats.clone(),
             async move {
                 let _ = stop_rx.await;
@@ -66,11 +71,18 @@ impl Running {
         ));
         Running {
             rx,
-            flushed,
+            feedback,
             stats,
             stop: Some(stop),
             handle: Some(handle),
         }
+    }
+
+    /// Acknowledges a batch and declares everything acknowledged durably
+    /// checkpointed, as a sink and the commit loop would.
+    pub fn checkpoint(&self, batch: &Batch) {
+        self.feedback.ack(&batch.txn);
+        self.feedback.persisted(self.feedback.watermark().end_lsn);
     }
 
     /// The next batch, or a panic after `secs` seconds.

@@ -9,11 +9,14 @@
 //! every start (PITFALLS 4). A definite error (see
 //! [`SourceError::is_transient`]) ends the loop instead of retrying forever.
 //!
-//! Positions: `flush` and `apply` in status updates are what the caller
-//! publishes on the `flushed` watch (the checkpoint); nothing else is ever
-//! reported as flushed. A reconnect starts from that position, and the
-//! assembler skips whatever had already been sent downstream, so the consumer
-//! sees no duplicate and no gap across reconnects.
+//! Positions: every batch is registered with the feedback coordinator before
+//! it is sent downstream. `flush` and `apply` in status updates are what the
+//! coordinator says is checkpointed; nothing else is ever reported as
+//! flushed. A keepalive received with no transaction open and nothing
+//! pending lets the coordinator move to its WAL end (the idle rule). A
+//! reconnect starts from the checkpoint, and the assembler skips whatever had
+//! already been sent downstream, so the consumer sees no duplicate and no gap
+//! across reconnects.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -21,7 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio::time::{Interval, MissedTickBehavior};
 
 use super::assembler::Assembler;
@@ -31,6 +34,7 @@ use super::pgoutput::{self, Message};
 use super::replication::{Connection, Frame, quote_ident, quote_literal};
 use super::{SourceConfig, SourceError};
 use crate::batch::Batch;
+use crate::feedback::Feedback;
 
 /// Counters a running source keeps, for status pages and tests.
 #[derive(Debug, Default)]
@@ -58,13 +62,13 @@ type Shutdown<'a> = Pin<&'a mut (dyn Future<Output = ()> + Send)>;
 ///
 /// `resume_after` is the end LSN of the last transaction already processed
 /// (the checkpoint), or [`Lsn::ZERO`] to start from the slot's confirmed
-/// position. `flushed` carries the checkpointed position to report to the
-/// server; it starts at `resume_after` or below.
+/// position. `feedback` learns of every batch sent and says what is
+/// checkpointed.
 pub async fn run(
     config: SourceConfig,
     resume_after: Lsn,
     out: mpsc::Sender<Batch>,
-    flushed: watch::Receiver<Lsn>,
+    feedback: Arc<Feedback>,
     stats: Arc<SourceStats>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), SourceError> {
@@ -78,7 +82,7 @@ pub async fn run(
             config: &config,
             assembler: &mut assembler,
             out: &out,
-            flushed: &flushed,
+            feedback: &feedback,
             stats: &stats,
             received: requested,
             streaming: false,
@@ -104,7 +108,7 @@ pub async fn run(
                     _ = tokio::time::sleep(wait) => {}
                 }
                 delay = (delay * 2).min(config.reconnect_max);
-                let checkpoint = *flushed.borrow();
+                let checkpoint = feedback.flushed();
                 requested = requested.max(checkpoint);
                 assembler.reconnected(checkpoint);
             }
@@ -127,7 +131,7 @@ struct Session<'a> {
     config: &'a SourceConfig,
     assembler: &'a mut Assembler,
     out: &'a mpsc::Sender<Batch>,
-    flushed: &'a watch::Receiver<Lsn>,
+    feedback: &'a Feedback,
     stats: &'a SourceStats,
     received: Lsn,
     streaming: bool,
@@ -212,6 +216,9 @@ impl Session<'_> {
                         Frame::Keepalive { wal_end, reply } => {
                             if !self.assembler.in_transaction() {
                                 self.advance(wal_end);
+                                // DESIGN.md §2.4: nothing open, nothing
+                                // pending: an idle slot must not pin WAL.
+                                self.feedback.advance_idle(wal_end);
                             }
                             if reply {
                                 self.send_status(&mut conn, false).await?;
@@ -237,8 +244,8 @@ impl Session<'_> {
     }
 
     async fn send_status(&mut self, conn: &mut Connection, reply: bool) -> Result<(), SourceError> {
-        // Exactly what the caller published as checkpointed: never more.
-        let flushed = *self.flushed.borrow();
+        // Exactly what is checkpointed: never more.
+        let flushed = self.feedback.flushed();
         self.stats.status_updates.fetch_add(1, Ordering::Relaxed);
         conn.send_status(self.received.max(flushed), flushed, flushed, reply)
             .await
@@ -263,6 +270,9 @@ impl Session<'_> {
                         // The consumer is gone: nothing left to stream for.
                         return Ok(Flow::Stop);
                     };
+                    // Registered before it leaves: from here on the
+                    // coordinator knows it is in flight.
+                    self.feedback.register(&batch.txn);
                     permit.send(batch);
                     self.stats.batches.fetch_add(1, Ordering::Relaxed);
                     self.stats.changes.fetch_add(changes, Ordering::Relaxed);

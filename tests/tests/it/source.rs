@@ -497,10 +497,8 @@ async fn a_terminated_walsender_is_replaced_without_loss_duplicates_or_disorder(
                 seen.push(id as i32);
             }
         }
-        if batch.txn.last {
-            // Acknowledge as a checkpoint would.
-            source.flushed.send_replace(Lsn(batch.txn.end_lsn));
-        }
+        // Acknowledge as a sink and a checkpoint would.
+        source.checkpoint(&batch);
     }
     writer.await.expect("writer");
     killer.await.expect("killer");
@@ -588,7 +586,8 @@ async fn a_start_past_the_checkpoint_is_reported_not_ignored() {
     let first = source.next(10).await;
     let second = source.next(10).await;
     // Someone acknowledges the second transaction to the server...
-    source.flushed.send_replace(Lsn(second.txn.end_lsn));
+    source.checkpoint(&first);
+    source.checkpoint(&second);
     tokio::time::sleep(Duration::from_millis(100)).await;
     source.stop().await.expect("stop");
     // ...but our checkpoint only covers the first: resuming must not
@@ -837,7 +836,7 @@ async fn a_crashed_and_restarted_server_is_rejoined_without_loss_or_duplicates()
     let mut seen = Vec::new();
     for _ in 0..5 {
         let batch = source.next(10).await;
-        source.flushed.send_replace(Lsn(batch.txn.end_lsn));
+        source.checkpoint(&batch);
         seen.extend(render(&batch));
     }
     drop(client);
@@ -848,7 +847,7 @@ async fn a_crashed_and_restarted_server_is_rejoined_without_loss_or_duplicates()
     }
     while seen.len() < 10 {
         let batch = source.next(30).await;
-        source.flushed.send_replace(Lsn(batch.txn.end_lsn));
+        source.checkpoint(&batch);
         seen.extend(render(&batch));
     }
     let expected: Vec<String> = (0..10).map(|id| format!("I public.t id={id}")).collect();

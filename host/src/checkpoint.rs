@@ -1,0 +1,517 @@
+//! The host's durable state, in one redb file: where each pipeline resumes,
+//! per-table snapshot progress, the module registry and dead letters.
+//!
+//! Owns the file format (tables, value layouts, a format version checked on
+//! open), durable commits, and the commit loop that turns a pipeline's
+//! acknowledged watermark into a checkpoint — grouping many small
+//! transactions into one fsync with a bounded, configurable added latency.
+//! Nothing else in the host touches redb: the source, transforms and sinks
+//! go through the typed API here.
+//!
+//! It never recreates a file it cannot read: a corrupt file, one written by
+//! a newer format, or one that is not Datum's, is an error that says what to
+//! do, because the positions it holds decide whether data is lost.
+//!
+//! Format version 1 (every value a fixed tuple, so the layout is explicit):
+//!
+//! | table | key | value |
+//! | --- | --- | --- |
+//! | `meta` | `&str` | `u64` (`format_version`, `created_at`) |
+//! | `offsets` | pipeline | (end LSN, commit LSN, xid, commit time µs, written at µs) |
+//! | `snapshot_progress` | (pipeline, table) | (state, cursor bytes, rows copied, updated at µs) |
+//! | `module_versions` | (module, version) | (sha256, wasm bytes, uploaded at µs, note) |
+//! | `module_active` | module | active version |
+//! | `dead_letters` | (pipeline, id) | (batch bytes, error, module version, at µs) |
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+
+use crate::feedback::Feedback;
+use crate::source::Lsn;
+
+/// The format this build writes and the newest it reads.
+pub const FORMAT_VERSION: u64 = 1;
+
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const OFFSETS: TableDefinition<&str, (u64, u64, u32, i64, i64)> = TableDefinition::new("offsets");
+/// Per-table snapshot progress: (state, cursor, rows copied, updated at).
+/// Filled by backfills.
+pub(crate) const SNAPSHOT_PROGRESS: TableDefinition<(&str, &str), (u8, &[u8], u64, i64)> =
+    TableDefinition::new("snapshot_progress");
+/// Module versions: (sha256, wasm, uploaded at, note). Filled by hot swap.
+pub(crate) const MODULE_VERSIONS: TableDefinition<(&str, u64), (&[u8], &[u8], i64, &str)> =
+    TableDefinition::new("module_versions");
+/// The active version of each module. Filled by hot swap.
+pub(crate) const MODULE_ACTIVE: TableDefinition<&str, u64> = TableDefinition::new("module_active");
+/// Dead letters: (batch, error, module version, at). Filled by `on_error`.
+pub(crate) const DEAD_LETTERS: TableDefinition<(&str, u64), (&[u8], &str, u64, i64)> =
+    TableDefinition::new("dead_letters");
+
+/// What can go wrong with the state file.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// Written by a newer Datum.
+    #[error(
+        "{}: written by a newer Datum (state format {found}; this build reads up to \
+         {FORMAT_VERSION}): upgrade Datum, or point it at another state file",
+        path.display()
+    )]
+    NewerFormat {
+        /// The file.
+        path: PathBuf,
+        /// Its format version.
+        found: u64,
+    },
+    /// Unreadable: damaged, or not a redb file.
+    #[error(
+        "{} is corrupt or not a Datum state file ({detail}); Datum will not recreate it, \
+         since it holds where each pipeline resumes: restore it from a backup, or move it \
+         aside to start over (each pipeline then starts from its slot's position, and its \
+         target may need a resync)",
+        path.display()
+    )]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What redb reported.
+        detail: String,
+    },
+    /// Another process has the file open.
+    #[error(
+        "{} is in use by another process: is a second Datum host running with the same \
+         state file?",
+        path.display()
+    )]
+    InUse {
+        /// The file.
+        path: PathBuf,
+    },
+    /// Reading or writing failed.
+    #[error("{}: {detail}", path.display())]
+    Storage {
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        detail: String,
+    },
+}
+
+/// Where a pipeline resumes: the last transaction whose changes every module
+/// and the sink accepted, or a position with nothing to deliver before it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Offset {
+    /// Resume after this LSN: the transaction's end LSN.
+    pub end_lsn: Lsn,
+    /// The transaction's commit LSN (equal to `end_lsn` when the position was
+    /// reached by an idle keepalive or a logical message).
+    pub commit_lsn: Lsn,
+    /// The transaction id (0 when there was no transaction).
+    pub xid: u32,
+    /// Its commit time, µs since the Unix epoch (0 when none).
+    pub commit_time: i64,
+    /// When the offset was written, µs since the Unix epoch.
+    pub written_at: i64,
+}
+
+/// The state file.
+#[derive(Debug)]
+pub struct Store {
+    db: Database,
+    path: PathBuf,
+}
+
+pub(crate) fn now_micros() -> i64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}
+
+impl Store {
+    /// Opens the state file, creating it when it does not exist (or is empty,
+    /// as a crash during creation leaves it). An existing file is checked
+    /// page by page before it is trusted.
+    pub fn open(path: impl AsRef<Path>) -> Result<Store, CheckpointError> {
+        let path = path.as_ref().to_owned();
+        let fresh = std::fs::metadata(&path)
+            .map(|m| m.len() == 0)
+            .unwrap_or(true);
+        let mut builder = Database::builder();
+        let db = if fresh {
+            builder.create(&path)
+        } else {
+            builder.set_check_integrity_on_open(true).open(&path)
+        }
+        .map_err(|err| open_error(&path, err))?;
+        let store = Store { db, path };
+        store.init(fresh)?;
+        Ok(store)
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn storage(&self, err: impl std::fmt::Display) -> CheckpointError {
+        let detail = err.to_string();
+        if detail.contains("orrupt") {
+            CheckpointError::Corrupt {
+                path: self.path.clone(),
+                detail,
+            }
+        } else {
+            CheckpointError::Storage {
+                path: self.path.clone(),
+                detail,
+            }
+        }
+    }
+
+    fn init(&self, fresh: bool) -> Result<(), CheckpointError> {
+        let txn = self.db.begin_write().map_err(|e| self.storage(e))?;
+        {
+            let mut meta = txn.open_table(META).map_err(|e| self.storage(e))?;
+            let version = meta
+                .get("format_version")
+                .map_err(|e| self.storage(e))?
+                .map(|v| v.value());
+            match version {
+                Some(found) if found > FORMAT_VERSION => {
+                    return Err(CheckpointError::NewerFormat {
+                        path: self.path.clone(),
+                        found,
+                    });
+                }
+                Some(_) => {}
+                None if fresh => {
+                    meta.insert("format_version", FORMAT_VERSION)
+                        .map_err(|e| self.storage(e))?;
+                    meta.insert("created_at", now_micros() as u64)
+                        .map_err(|e| self.storage(e))?;
+                }
+                None => {
+                    return Err(CheckpointError::Corrupt {
+                        path: self.path.clone(),
+                        detail: "a redb file without Datum's format version".into(),
+                    });
+                }
+            }
+            // Create every table now so that the layout is fixed with the
+            // version, whichever features a host uses.
+            txn.open_table(OFFSETS).map_err(|e| self.storage(e))?;
+            txn.open_table(SNAPSHOT_PROGRESS)
+                .map_err(|e| self.storage(e))?;
+            txn.open_table(MODULE_VERSIONS)
+                .map_err(|e| self.storage(e))?;
+            txn.open_table(MODULE_ACTIVE).map_err(|e| self.storage(e))?;
+            txn.open_table(DEAD_LETTERS).map_err(|e| self.storage(e))?;
+        }
+        txn.commit().map_err(|e| self.storage(e))
+    }
+
+    /// The format version recorded in the file.
+    pub fn format_version(&self) -> Result<u64, CheckpointError> {
+        let txn = self.db.begin_read().map_err(|e| self.storage(e))?;
+        let meta = txn.open_table(META).map_err(|e| self.storage(e))?;
+        Ok(meta
+            .get("format_version")
+            .map_err(|e| self.storage(e))?
+            .map(|v| v.value())
+            .unwrap_or(0))
+    }
+
+    /// Where `pipeline` resumes, if it ever checkpointed.
+    pub fn offset(&self, pipeline: &str) -> Result<Option<Offset>, CheckpointError> {
+        let txn = self.db.begin_read().map_err(|e| self.storage(e))?;
+        let table = txn.open_table(OFFSETS).map_err(|e| self.storage(e))?;
+        Ok(table.get(pipeline).map_err(|e| self.storage(e))?.map(|v| {
+            let (end, commit, xid, commit_time, written_at) = v.value();
+            Offset {
+                end_lsn: Lsn(end),
+                commit_lsn: Lsn(commit),
+                xid,
+                commit_time,
+                written_at,
+            }
+        }))
+    }
+
+    /// Durably records where `pipeline` resumes; returns once it is on disk.
+    /// An offset never moves backwards: an older one is ignored.
+    pub fn commit_offset(&self, pipeline: &str, offset: Offset) -> Result<(), CheckpointError> {
+        self.write_offset(pipeline, offset, false)
+    }
+
+    /// Durably replaces `pipeline`'s offset, also backwards: only for a slot
+    /// that was recreated, whose positions have nothing to do with the old.
+    pub fn reset_offset(&self, pipeline: &str, offset: Offset) -> Result<(), CheckpointError> {
+        self.write_offset(pipeline, offset, true)
+    }
+
+    fn write_offset(
+        &self,
+        pipeline: &str,
+        offset: Offset,
+        reset: bool,
+    ) -> Result<(), CheckpointError> {
+        let txn = self.db.begin_write().map_err(|e| self.storage(e))?;
+        {
+            let mut table = txn.open_table(OFFSETS).map_err(|e| self.storage(e))?;
+            let current = table
+                .get(pipeline)
+                .map_err(|e| self.storage(e))?
+                .map(|v| v.value().0);
+            if !reset && current.is_some_and(|end| end >= offset.end_lsn.0) {
+                return Ok(());
+            }
+            table
+                .insert(
+                    pipeline,
+                    (
+                        offset.end_lsn.0,
+                        offset.commit_lsn.0,
+                        offset.xid,
+                        offset.commit_time,
+                        now_micros(),
+                    ),
+                )
+                .map_err(|e| self.storage(e))?;
+        }
+        // redb's default durability: on disk when commit returns.
+        txn.commit().map_err(|e| self.storage(e))
+    }
+}
+
+fn open_error(path: &Path, err: redb::DatabaseError) -> CheckpointError {
+    match err {
+        redb::DatabaseError::DatabaseAlreadyOpen => CheckpointError::InUse {
+            path: path.to_owned(),
+        },
+        redb::DatabaseError::Storage(redb::StorageError::Corrupted(detail)) => {
+            CheckpointError::Corrupt {
+                path: path.to_owned(),
+                detail,
+            }
+        }
+        redb::DatabaseError::Storage(redb::StorageError::Io(io))
+            if io.kind() == std::io::ErrorKind::InvalidData =>
+        {
+            CheckpointError::Corrupt {
+                path: path.to_owned(),
+                detail: io.to_string(),
+            }
+        }
+        other => CheckpointError::Storage {
+            path: path.to_owned(),
+            detail: other.to_string(),
+        },
+    }
+}
+
+/// How checkpoints are committed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommitPolicy {
+    /// How long to wait after an acknowledgement for more before committing:
+    /// the added latency that buys one fsync for many transactions. Zero
+    /// commits at once (transactions acknowledged during a commit still
+    /// share the next one).
+    pub group_delay: Duration,
+}
+
+impl Default for CommitPolicy {
+    fn default() -> Self {
+        CommitPolicy {
+            group_delay: Duration::from_millis(5),
+        }
+    }
+}
+
+/// Commits `pipeline`'s acknowledged watermark until `shutdown`, then commits
+/// what is left. Only after a commit returns does the feedback coordinator
+/// learn the position as flushed, and PostgreSQL with it.
+///
+/// A failing commit is retried with back-off (the position simply does not
+/// advance meanwhile); the error is logged each time.
+pub async fn commit_loop(
+    store: Arc<Store>,
+    pipeline: String,
+    feedback: Arc<Feedback>,
+    policy: CommitPolicy,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut targets = feedback.target();
+    let mut retry = Duration::from_millis(100);
+    loop {
+        let stopping = tokio::select! {
+            biased;
+            _ = shutdown.as_mut() => true,
+            changed = targets.changed() => changed.is_err(),
+        };
+        if !stopping && !policy.group_delay.is_zero() {
+            tokio::time::sleep(policy.group_delay).await;
+        }
+        loop {
+            let target = *targets.borrow_and_update();
+            if target.end_lsn <= feedback.flushed() {
+                break;
+            }
+            let (store, name) = (store.clone(), pipeline.clone());
+            let result =
+                tokio::task::spawn_blocking(move || store.commit_offset(&name, target)).await;
+            match result {
+                Ok(Ok(())) => {
+                    feedback.persisted(target.end_lsn);
+                    retry = Duration::from_millis(100);
+                    break;
+                }
+                Ok(Err(err)) => {
+                    tracing::error!(pipeline = %pipeline, error = %err, "checkpoint commit failed; retrying");
+                }
+                Err(err) => {
+                    tracing::error!(pipeline = %pipeline, error = %err, "checkpoint task failed; retrying");
+                }
+            }
+            tokio::time::sleep(retry).await;
+            retry = (retry * 2).min(Duration::from_secs(5));
+        }
+        if stopping {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offset(end: u64) -> Offset {
+        Offset {
+            end_lsn: Lsn(end),
+            commit_lsn: Lsn(end - 1),
+            xid: 7,
+            commit_time: 1,
+            written_at: 0,
+        }
+    }
+
+    #[test]
+    fn offsets_survive_reopening_and_never_go_backwards() {
+        let dir = tempdir();
+        let path = dir.join("state.redb");
+        {
+            let store = Store::open(&path).expect("create");
+            assert_eq!(store.offset("p").expect("read"), None);
+            store.commit_offset("p", offset(100)).expect("commit");
+            store
+                .commit_offset("p", offset(50))
+                .expect("older is ignored");
+            store.commit_offset("q", offset(10)).expect("commit");
+        }
+        let store = Store::open(&path).expect("reopen");
+        assert_eq!(store.format_version().expect("version"), FORMAT_VERSION);
+        let p = store.offset("p").expect("read").expect("present");
+        assert_eq!((p.end_lsn, p.commit_lsn, p.xid), (Lsn(100), Lsn(99), 7));
+        assert!(p.written_at > 0);
+        assert_eq!(
+            store.offset("q").expect("read").map(|o| o.end_lsn),
+            Some(Lsn(10))
+        );
+        store.reset_offset("p", offset(20)).expect("reset");
+        assert_eq!(
+            store.offset("p").expect("read").map(|o| o.end_lsn),
+            Some(Lsn(20))
+        );
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn a_newer_format_is_refused() {
+        let dir = tempdir();
+        let path = dir.join("state.redb");
+        {
+            let db = Database::create(&path).expect("create");
+            let txn = db.begin_write().expect("write");
+            txn.open_table(META)
+                .expect("meta")
+                .insert("format_version", FORMAT_VERSION + 1)
+                .expect("insert");
+            txn.commit().expect("commit");
+        }
+        let err = Store::open(&path).expect_err("newer");
+        assert!(
+            matches!(err, CheckpointError::NewerFormat { found: 2, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("upgrade Datum"), "{err}");
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn a_foreign_or_damaged_file_is_reported_and_left_alone() {
+        let dir = tempdir();
+        let path = dir.join("state.redb");
+        std::fs::write(&path, b"this is not a database, but it matters to someone").expect("write");
+        let err = Store::open(&path).expect_err("not redb");
+        assert!(matches!(err, CheckpointError::Corrupt { .. }), "{err:?}");
+        assert!(err.to_string().contains("will not recreate"), "{err}");
+        assert_eq!(
+            std::fs::read(&path).expect("read"),
+            b"this is not a database, but it matters to someone",
+            "the file was not touched"
+        );
+
+        // A real state file with flipped bytes in its pages.
+        std::fs::remove_file(&path).expect("rm");
+        {
+            let store = Store::open(&path).expect("create");
+            for i in 1..200 {
+                store
+                    .commit_offset(&format!("p{i}"), offset(i + 1))
+                    .expect("commit");
+            }
+        }
+        let mut bytes = std::fs::read(&path).expect("read");
+        // Damage every page past the header, as a failing disk might.
+        for page in bytes.chunks_mut(4096).skip(1) {
+            for b in &mut page[64..96] {
+                *b ^= 0xff;
+            }
+        }
+        std::fs::write(&path, &bytes).expect("write");
+        let err = Store::open(&path).expect_err("damaged");
+        assert!(matches!(err, CheckpointError::Corrupt { .. }), "{err:?}");
+
+        // A redb file that is not Datum's.
+        let other = dir.join("other.redb");
+        Database::create(&other).expect("create");
+        let err = Store::open(&other).expect_err("foreign");
+        assert!(matches!(err, CheckpointError::Corrupt { .. }), "{err:?}");
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn a_second_opener_is_told_the_file_is_in_use() {
+        let dir = tempdir();
+        let path = dir.join("state.redb");
+        let _first = Store::open(&path).expect("create");
+        let err = Store::open(&path).expect_err("in use");
+        assert!(matches!(err, CheckpointError::InUse { .. }), "{err:?}");
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    fn tempdir() -> PathBuf {
+        static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "datum-checkpoint-test-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        dir
+    }
+}
