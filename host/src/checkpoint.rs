@@ -39,15 +39,18 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const OFFSETS: TableDefinition<&str, (u64, u64, u32, i64, i64)> = TableDefinition::new("offsets");
 /// Per-table snapshot progress: (state, cursor, rows copied, updated at).
 /// Filled by backfills.
-pub(crate) const SNAPSHOT_PROGRESS: TableDefinition<(&str, &str), (u8, &[u8], u64, i64)> =
+type SnapshotRow = (u8, &'static [u8], u64, i64);
+pub(crate) const SNAPSHOT_PROGRESS: TableDefinition<(&str, &str), SnapshotRow> =
     TableDefinition::new("snapshot_progress");
 /// Module versions: (sha256, wasm, uploaded at, note). Filled by hot swap.
-pub(crate) const MODULE_VERSIONS: TableDefinition<(&str, u64), (&[u8], &[u8], i64, &str)> =
+type ModuleRow = (&'static [u8], &'static [u8], i64, &'static str);
+pub(crate) const MODULE_VERSIONS: TableDefinition<(&str, u64), ModuleRow> =
     TableDefinition::new("module_versions");
 /// The active version of each module. Filled by hot swap.
 pub(crate) const MODULE_ACTIVE: TableDefinition<&str, u64> = TableDefinition::new("module_active");
 /// Dead letters: (batch, error, module version, at). Filled by `on_error`.
-pub(crate) const DEAD_LETTERS: TableDefinition<(&str, u64), (&[u8], &str, u64, i64)> =
+type DeadLetterRow = (&'static [u8], &'static str, u64, i64);
+pub(crate) const DEAD_LETTERS: TableDefinition<(&str, u64), DeadLetterRow> =
     TableDefinition::new("dead_letters");
 
 /// What can go wrong with the state file.
