@@ -7,5 +7,7 @@
 pub mod batch;
 pub mod checkpoint;
 pub mod feedback;
+pub mod pipeline;
+pub mod sink;
 pub mod source;
 pub mod throwaway;

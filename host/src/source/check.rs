@@ -478,8 +478,8 @@ fn check_slot(slot: &str, database: &str, state: Option<&SlotState>, report: &mu
         report.fail(
             &requirement,
             "was invalidated (wal_status = lost): the WAL it needed is gone".into(),
-            "recreate the slot and resynchronise the target; raise max_slot_wal_keep_size to \
-             avoid a repeat"
+            "set recreate_slot = true (a new slot; the target then needs a resync); raise \
+             max_slot_wal_keep_size to avoid a repeat"
                 .into(),
         );
         return;

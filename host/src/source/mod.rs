@@ -160,6 +160,10 @@ pub struct SourceConfig {
     /// Terminate a walsender that holds the slot (after a crash the old one
     /// may linger until `wal_sender_timeout`).
     pub terminate_stale_holder: bool,
+    /// When the slot was dropped or invalidated, or is ahead of the
+    /// checkpoint: create a new one and start from it. Changes in between are
+    /// lost to the pipeline and the target needs a resync.
+    pub recreate_slot: bool,
     /// When transactions are cut into chunks.
     pub limits: BatchLimits,
     /// How often to send status updates; by default a sixth of the server's
@@ -181,6 +185,7 @@ impl SourceConfig {
             tables: Vec::new(),
             publish_via_partition_root: false,
             terminate_stale_holder: false,
+            recreate_slot: false,
             limits: BatchLimits::default(),
             status_interval: None,
             reconnect_initial: Duration::from_millis(250),
@@ -200,14 +205,71 @@ pub struct Prepared {
     pub created_slot: bool,
     /// The slot's confirmed position.
     pub confirmed_flush: Option<Lsn>,
+    /// The slot was recreated (`recreate_slot`): the checkpoint no longer
+    /// applies, and the target needs a resync.
+    pub resync_needed: bool,
 }
 
 /// Checks the requirements and creates what is missing: the publication
 /// first, then the slot (a publication created after its slot may not be
 /// seen by it, PITFALLS 12). Refuses, saying what to change, when a
 /// requirement fails.
-pub async fn prepare(config: &SourceConfig) -> Result<Prepared, SourceError> {
+///
+/// `checkpoint` is where the pipeline resumes, if it ever checkpointed. A
+/// slot that is gone, invalidated (PITFALLS 5) or confirmed past the
+/// checkpoint means changes were lost to the pipeline: an error, unless
+/// `recreate_slot` is set, in which case a new slot is created and
+/// [`Prepared::resync_needed`] says so.
+pub async fn prepare(
+    config: &SourceConfig,
+    checkpoint: Option<Lsn>,
+) -> Result<Prepared, SourceError> {
     let client = catalog::connect(&config.conninfo).await?;
+    let mut resync_needed = false;
+    if let Some(state) = catalog::slot_state(&client, &config.slot).await? {
+        let lost = state.wal_status.as_deref() == Some("lost");
+        let ahead = match (checkpoint, state.confirmed_flush) {
+            (Some(checkpoint), Some(confirmed)) => confirmed > checkpoint,
+            _ => false,
+        };
+        if (lost || ahead) && config.recreate_slot {
+            tracing::warn!(
+                slot = %config.slot,
+                lost,
+                ahead,
+                "dropping the slot to recreate it: the target needs a resync"
+            );
+            if state.active {
+                release_slot(&client, config, state.active_pid).await?;
+            }
+            client
+                .query("SELECT pg_drop_replication_slot($1)", &[&config.slot])
+                .await
+                .map_err(SourceError::Sql)?;
+            resync_needed = true;
+        } else if ahead {
+            return Err(SourceError::FastForward {
+                slot: config.slot.clone(),
+                requested: checkpoint.unwrap_or_default(),
+                confirmed: state.confirmed_flush.unwrap_or_default(),
+            });
+        }
+    } else if let Some(checkpoint) = checkpoint
+        && checkpoint != Lsn::ZERO
+    {
+        if !config.recreate_slot {
+            return Err(SourceError::Requirement {
+                problem: format!(
+                    "slot {} no longer exists, but the pipeline checkpointed at {checkpoint}:                      the changes since are lost to it",
+                    config.slot
+                ),
+                fix: "restore the slot, or set recreate_slot = true to create a new one and                       resynchronise the target"
+                    .into(),
+            });
+        }
+        tracing::warn!(slot = %config.slot, %checkpoint, "the slot is gone; recreating it: the target needs a resync");
+        resync_needed = true;
+    }
     let target = check::Target {
         publication: Some(config.publication.clone()),
         slot: Some(config.slot.clone()),
@@ -242,6 +304,7 @@ pub async fn prepare(config: &SourceConfig) -> Result<Prepared, SourceError> {
         created_publication,
         created_slot,
         confirmed_flush: state.confirmed_flush,
+        resync_needed,
     })
 }
 

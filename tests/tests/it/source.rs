@@ -558,7 +558,7 @@ async fn password_logins_stream_and_a_wrong_password_stops_without_leaking_it() 
             .replace("pa55 word", "secret-wrong-pw")
             .parse()
             .expect("conninfo");
-        let err = datum::source::prepare(&cfg)
+        let err = datum::source::prepare(&cfg, None)
             .await
             .expect_err("wrong password");
         assert!(matches!(err, SourceError::Auth { .. }), "{err:?}");
@@ -667,7 +667,7 @@ async fn check_reports_each_requirement_with_what_to_do() {
         "{report}"
     );
     // prepare() refuses with the first failure and what to do about it.
-    let err = datum::source::prepare(&config(&pg, "pub", "slot", &["keyed"]))
+    let err = datum::source::prepare(&config(&pg, "pub", "slot", &["keyed"]), None)
         .await
         .expect_err("wal_level = replica");
     assert!(err.to_string().contains("wal_level"), "{err}");
@@ -940,7 +940,7 @@ async fn a_slot_held_by_another_process_is_refused_unless_told_to_take_it() {
     let pg = cluster();
     let client = connect(&pg.conninfo("postgres")).await;
     sql(&client, &["CREATE TABLE t (id int PRIMARY KEY)"]).await;
-    datum::source::prepare(&config(&pg, "pub", "slot", &["t"]))
+    datum::source::prepare(&config(&pg, "pub", "slot", &["t"]), None)
         .await
         .expect("prepare");
     // Another consumer holds the slot: pg_recvlogical, not retrying.
@@ -964,7 +964,7 @@ async fn a_slot_held_by_another_process_is_refused_unless_told_to_take_it() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
 
-    let err = datum::source::prepare(&config(&pg, "pub", "slot", &["t"]))
+    let err = datum::source::prepare(&config(&pg, "pub", "slot", &["t"]), None)
         .await
         .expect_err("the slot is in use");
     let text = err.to_string();

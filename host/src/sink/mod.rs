@@ -1,0 +1,47 @@
+//! Where batches go after the transforms: one trait, one module per sink.
+//!
+//! Owns the contract every sink keeps: `write` returns only once the batch is
+//! durable at the destination (that return is the acknowledgement that lets
+//! the checkpoint advance), and an error says whether retrying may help. It
+//! does not own retries or the checkpoint: the pipeline does.
+
+use std::future::Future;
+
+use crate::batch::Batch;
+
+/// A sink's failure.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct SinkError {
+    /// What went wrong.
+    pub message: String,
+    /// Whether trying again may succeed (the destination is down, a
+    /// timeout) rather than never (a refused request).
+    pub transient: bool,
+}
+
+impl SinkError {
+    /// A failure worth retrying.
+    pub fn transient(message: impl Into<String>) -> SinkError {
+        SinkError {
+            message: message.into(),
+            transient: true,
+        }
+    }
+
+    /// A failure that retrying will not fix.
+    pub fn definite(message: impl Into<String>) -> SinkError {
+        SinkError {
+            message: message.into(),
+            transient: false,
+        }
+    }
+}
+
+/// A destination for batches.
+pub trait Sink: Send {
+    /// Writes a batch and returns once it is durable at the destination.
+    /// Batches arrive in commit order; after a crash the un-checkpointed tail
+    /// arrives again, so a sink should be idempotent or tolerate replays.
+    fn write(&mut self, batch: &Batch) -> impl Future<Output = Result<(), SinkError>> + Send;
+}

@@ -1,0 +1,43 @@
+//! Commits ever larger offsets to a state file as fast as it can, printing
+//! each one once `commit_offset` has returned; the crash-consistency test
+//! kills it with SIGKILL at random moments.
+//!
+//! `checkpoint-writer STATE`: continues from the offset in the file.
+
+use std::io::Write;
+
+use datum::checkpoint::{Offset, Store};
+use datum::source::Lsn;
+
+fn main() {
+    let path = std::env::args()
+        .nth(1)
+        .expect("usage: checkpoint-writer STATE");
+    let store = Store::open(&path).unwrap_or_else(|err| panic!("{err}"));
+    let mut next = store
+        .offset("p")
+        .expect("read")
+        .map(|o| o.end_lsn.0)
+        .unwrap_or(0)
+        + 1;
+    let mut out = std::io::stdout().lock();
+    loop {
+        // Half the pipelines' offsets in one commit, so that a torn write
+        // would show as a mismatch between them.
+        for name in ["p", "q"] {
+            store
+                .commit_offset(
+                    name,
+                    Offset {
+                        end_lsn: Lsn(next),
+                        commit_lsn: Lsn(next),
+                        ..Offset::default()
+                    },
+                )
+                .expect("commit");
+        }
+        writeln!(out, "{next}").expect("stdout");
+        out.flush().expect("stdout");
+        next += 1;
+    }
+}

@@ -1,0 +1,93 @@
+//! A pipeline process for crash tests: streams `pub`/`slot` (table `t`) into
+//! a log file, one line per batch, fsynced before the batch is acknowledged,
+//! then checkpoints in `STATE`. The tests kill it with SIGKILL at random
+//! moments and compare the log with the source.
+//!
+//! `crash-pipeline CONNINFO STATE LOG ACK_DELAY_MS`
+//!
+//! Line format: `COMMIT_LSN END_LSN CHUNK LAST id,id,...`.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use datum::batch::{Batch, Change};
+use datum::checkpoint::Store;
+use datum::pipeline::{self, PipelineConfig};
+use datum::sink::{Sink, SinkError};
+use datum::source::SourceConfig;
+use datum_guest::Value;
+
+struct LogSink {
+    file: std::fs::File,
+    delay: Duration,
+}
+
+impl Sink for LogSink {
+    async fn write(&mut self, batch: &Batch) -> Result<(), SinkError> {
+        let ids: Vec<String> = batch
+            .changes
+            .iter()
+            .filter_map(|c| match c {
+                Change::Insert { new, .. } => match new.first() {
+                    Some(Value::Int(id)) => Some(id.to_string()),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect();
+        let line = format!(
+            "{} {} {} {} {}\n",
+            batch.txn.commit_lsn,
+            batch.txn.end_lsn,
+            batch.txn.chunk,
+            batch.txn.last,
+            ids.join(",")
+        );
+        self.file
+            .write_all(line.as_bytes())
+            .and_then(|()| self.file.sync_data())
+            .map_err(|e| SinkError::transient(e.to_string()))?;
+        tokio::time::sleep(self.delay).await;
+        Ok(())
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    // Installed first, not when the pipeline first polls it: a SIGINT during
+    // start-up must stop the pipeline cleanly too. "ready" tells the test.
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .expect("SIGINT handler");
+    println!("ready");
+    let args: Vec<String> = std::env::args().collect();
+    let [_, conninfo, state, log, delay] = &args[..] else {
+        eprintln!("usage: crash-pipeline CONNINFO STATE LOG ACK_DELAY_MS");
+        std::process::exit(2);
+    };
+    let mut source = SourceConfig::new(conninfo.parse().expect("conninfo"), "pub", "slot");
+    source.tables = vec!["t".into()];
+    source.limits.max_rows = 3;
+    source.reconnect_initial = Duration::from_millis(50);
+    // The previous incarnation's walsender may linger briefly.
+    source.terminate_stale_holder = true;
+    let store = Arc::new(Store::open(state).expect("state file"));
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .expect("log file");
+    let sink = LogSink {
+        file,
+        delay: Duration::from_millis(delay.parse().expect("delay")),
+    };
+    let config = PipelineConfig::new("p", source);
+    let result = pipeline::run(config, store, sink, None, async move {
+        sigint.recv().await;
+    })
+    .await;
+    if let Err(err) = result {
+        eprintln!("crash-pipeline: {err}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,593 @@
+//! Checkpoints and feedback against real processes and a real server: the
+//! state file survives SIGKILL, PostgreSQL never hears of a position that
+//! is not checkpointed, a killed host resumes with replays only from the
+//! un-checkpointed tail, and an idle slot keeps advancing.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use datum::batch::{Batch, Change};
+use datum::checkpoint::Store;
+use datum::pipeline::{self, Handles, PipelineConfig};
+use datum::sink::{Sink, SinkError};
+use datum::source::{Lsn, SourceError};
+use datum_guest::Value;
+use datum_tests::stream::config;
+use datum_tests::{cluster, connect};
+use tokio::sync::oneshot;
+
+/// A small deterministic generator, seeded from the clock and printed, so a
+/// failing run can be repeated with `DATUM_TEST_SEED`.
+struct Rng(u64);
+
+impl Rng {
+    fn new() -> Rng {
+        let seed = std::env::var("DATUM_TEST_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as u64)
+                    .unwrap_or(1)
+            });
+        eprintln!("DATUM_TEST_SEED={seed}");
+        Rng(seed | 1)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("datum-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+fn stored(path: &Path, pipeline: &str) -> u64 {
+    Store::open(path)
+        .expect("state file")
+        .offset(pipeline)
+        .expect("read")
+        .map(|o| o.end_lsn.0)
+        .unwrap_or(0)
+}
+
+#[test]
+fn the_state_file_survives_sigkill_at_random_points_in_commits() {
+    let dir = temp_dir("crash-store");
+    let path = dir.join("state.redb");
+    let mut rng = Rng::new();
+    let mut floor = 0;
+    for round in 0..20 {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_checkpoint-writer"))
+            .arg(&path)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("checkpoint-writer");
+        let stdout = child.stdout.take().expect("stdout");
+        let acked = Arc::new(Mutex::new(0u64));
+        let reader = {
+            let acked = acked.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines() {
+                    let Ok(line) = line else { break };
+                    if let Ok(n) = line.parse() {
+                        *acked.lock().expect("lock") = n;
+                    }
+                }
+            })
+        };
+        std::thread::sleep(Duration::from_millis(20 + rng.below(150)));
+        child.kill().expect("SIGKILL");
+        child.wait().expect("reap");
+        reader.join().expect("reader");
+        let acked = *acked.lock().expect("lock");
+        let (p, q) = (stored(&path, "p"), stored(&path, "q"));
+        assert!(
+            p >= floor,
+            "round {round}: offset went backwards: {p} < {floor}"
+        );
+        assert!(
+            p >= acked,
+            "round {round}: acknowledged {acked} but stored {p}"
+        );
+        assert!(
+            p <= acked + 1,
+            "round {round}: stored {p}, past the last offset handed to commit ({})",
+            acked + 1
+        );
+        assert!(q + 1 >= p && q <= p, "round {round}: p={p} q={q}");
+        floor = p;
+    }
+    assert!(floor > 20, "the writer made progress ({floor} commits)");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// A sink that records what it gets and acknowledges after a delay.
+#[derive(Clone, Default)]
+struct SlowSink {
+    delay: Duration,
+    seen: Arc<Mutex<Vec<i64>>>,
+}
+
+impl Sink for SlowSink {
+    async fn write(&mut self, batch: &Batch) -> Result<(), SinkError> {
+        tokio::time::sleep(self.delay).await;
+        let mut seen = self.seen.lock().expect("lock");
+        for change in &batch.changes {
+            if let Change::Insert { new, .. } = change
+                && let Some(Value::Int(id)) = new.first()
+            {
+                seen.push(*id);
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn confirmed_flush(client: &tokio_postgres::Client, slot: &str) -> Lsn {
+    let row = client
+        .query_one(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .expect("slot");
+    row.get::<_, Option<String>>(0)
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_never_hears_of_a_position_that_is_not_checkpointed() {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    client
+        .batch_execute("CREATE TABLE t (id int8 PRIMARY KEY)")
+        .await
+        .expect("table");
+    let dir = temp_dir("slow-sink");
+    let store = Arc::new(Store::open(dir.join("state.redb")).expect("store"));
+    let mut source = config(&pg, "pub", "slot", &["t"]);
+    source.status_interval = Some(Duration::from_millis(20));
+    let sink = SlowSink {
+        delay: Duration::from_millis(25),
+        ..SlowSink::default()
+    };
+    let seen = sink.seen.clone();
+    let (started_tx, started_rx) = oneshot::channel();
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let running = tokio::spawn(pipeline::run(
+        PipelineConfig::new("p", source),
+        store.clone(),
+        sink,
+        Some(started_tx),
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+    let _handles: Handles = started_rx.await.expect("started");
+    // A new slot starts confirmed at its creation point, which no
+    // checkpoint covers: only what comes after is ours to report.
+    let created_at = confirmed_flush(&client, "slot").await;
+    for id in 1..=60 {
+        client
+            .batch_execute(&format!("INSERT INTO t VALUES ({id})"))
+            .await
+            .expect("insert");
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut samples = 0;
+    let mut advanced = false;
+    loop {
+        // Read PostgreSQL's position first: the checkpoint only grows, so
+        // reading it second can only make the comparison easier to pass if
+        // the order were wrong the other way round.
+        let confirmed = confirmed_flush(&client, "slot").await;
+        let checkpoint = store
+            .offset("p")
+            .expect("read")
+            .map(|o| o.end_lsn)
+            .unwrap_or_default();
+        assert!(
+            confirmed <= checkpoint.max(created_at),
+            "PostgreSQL confirmed {confirmed}, past the checkpoint {checkpoint}"
+        );
+        samples += 1;
+        advanced |= confirmed > created_at;
+        let done = seen.lock().expect("lock").len() == 60;
+        if done && confirmed == checkpoint && advanced {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "stuck: confirmed {confirmed}, checkpoint {checkpoint}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(samples > 20, "the comparison was sampled {samples} times");
+    assert_eq!(*seen.lock().expect("lock"), (1..=60).collect::<Vec<i64>>());
+    let _ = stop_tx.send(());
+    running.await.expect("task").expect("clean stop");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[derive(Debug)]
+struct Line {
+    commit: u64,
+    end: u64,
+    chunk: u32,
+    last: bool,
+    ids: Vec<i64>,
+}
+
+fn read_log(path: &Path) -> Vec<Line> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let parts: Vec<&str> = l.split(' ').collect();
+            Line {
+                commit: parts[0].parse().expect("commit"),
+                end: parts[1].parse().expect("end"),
+                chunk: parts[2].parse().expect("chunk"),
+                last: parts[3] == "true",
+                ids: parts
+                    .get(4)
+                    .map(|ids| ids.split(',').filter_map(|i| i.parse().ok()).collect())
+                    .unwrap_or_default(),
+            }
+        })
+        .collect()
+}
+
+/// Starts the pipeline process and waits until it handles SIGINT.
+fn spawn_pipeline(conninfo: &str, state: &Path, log: &Path) -> Child {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_crash-pipeline"))
+        .args([
+            conninfo,
+            &state.display().to_string(),
+            &log.display().to_string(),
+            "2",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("crash-pipeline");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("ready line");
+    assert_eq!(line.trim(), "ready");
+    child
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_host_resumes_with_replays_only_from_the_unchecked_tail() {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    client
+        .batch_execute("CREATE TABLE t (id int8 PRIMARY KEY)")
+        .await
+        .expect("table");
+    let dir = temp_dir("kill-host");
+    let (state, log) = (dir.join("state.redb"), dir.join("sink.log"));
+    let mut rng = Rng::new();
+    // The slot must exist before the first write, as for any pipeline.
+    datum::source::prepare(&config(&pg, "pub", "slot", &["t"]), None)
+        .await
+        .expect("prepare");
+
+    // The writer: 200 transactions of 1 to 7 rows (some chunked, the child
+    // cuts at 3 rows), spread over the kills.
+    let writer_conninfo = pg.conninfo("postgres");
+    let writer = tokio::spawn(async move {
+        let client = connect(&writer_conninfo).await;
+        let mut next = 1i64;
+        let mut sizes = Vec::new();
+        for txn in 0..200 {
+            let rows = txn % 7 + 1;
+            client
+                .batch_execute(&format!(
+                    "INSERT INTO t SELECT g FROM generate_series({next}, {}) g",
+                    next + rows - 1
+                ))
+                .await
+                .expect("insert");
+            sizes.push(rows);
+            next += rows;
+            tokio::time::sleep(Duration::from_millis(8)).await;
+        }
+        next - 1
+    });
+
+    // Kill the host at random moments; note the checkpoint each restart
+    // resumes from, and where in the log it restarted.
+    let mut restarts = Vec::new();
+    for _ in 0..6 {
+        let mut child = spawn_pipeline(&pg.conninfo("postgres"), &state, &log);
+        tokio::time::sleep(Duration::from_millis(150 + rng.below(350))).await;
+        child.kill().expect("SIGKILL");
+        child.wait().expect("reap");
+        restarts.push((read_log(&log).len(), stored(&state, "p")));
+    }
+    let total = writer.await.expect("writer");
+    let mut child = spawn_pipeline(&pg.conninfo("postgres"), &state, &log);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let max = read_log(&log).iter().flat_map(|l| l.ids.clone()).max();
+        if max == Some(total) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not everything arrived: {max:?} of {total}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status();
+    let status = child.wait().expect("reap");
+    assert!(status.success(), "a clean stop on SIGINT: {status:?}");
+
+    let lines = read_log(&log);
+    // Every row at least once.
+    let mut ids: Vec<i64> = lines.iter().flat_map(|l| l.ids.clone()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids, (1..=total).collect::<Vec<_>>(), "every row arrived");
+
+    // Within each incarnation: commit order, chunks in order; and a replay
+    // only of what lies after the checkpoint it resumed from.
+    let mut bounds: Vec<(usize, u64)> = vec![(0, 0)];
+    bounds.extend(restarts.iter().copied());
+    let mut replayed = 0;
+    for (k, window) in bounds
+        .windows(2)
+        .chain(std::iter::once(
+            &[*bounds.last().expect("bounds"), (lines.len(), 0)][..],
+        ))
+        .enumerate()
+    {
+        let (start, checkpoint) = window[0];
+        let end = window[1].0;
+        let run = &lines[start..end];
+        for line in run {
+            assert!(
+                line.commit >= checkpoint,
+                "incarnation {k} delivered commit {} at or below its checkpoint {checkpoint}",
+                line.commit
+            );
+        }
+        for pair in run.windows(2) {
+            let (a, b) = (&pair[0], &pair[1]);
+            let same_txn = a.commit == b.commit;
+            assert!(
+                b.commit > a.commit || (same_txn && b.chunk == a.chunk + 1 && !a.last),
+                "incarnation {k}: out of order: {a:?} then {b:?}"
+            );
+        }
+        // Count what this incarnation re-delivered.
+        let earlier: std::collections::HashSet<(u64, u32)> =
+            lines[..start].iter().map(|l| (l.commit, l.chunk)).collect();
+        replayed += run
+            .iter()
+            .filter(|l| earlier.contains(&(l.commit, l.chunk)))
+            .count();
+    }
+    eprintln!(
+        "{} batches, {replayed} replayed across {} kills",
+        lines.len(),
+        restarts.len()
+    );
+    assert!(
+        lines.iter().any(|l| !l.last),
+        "some transactions were chunked"
+    );
+    let final_checkpoint = stored(&state, "p");
+    let last_end = lines
+        .iter()
+        .filter(|l| l.last)
+        .map(|l| l.end)
+        .max()
+        .unwrap_or(0);
+    assert!(
+        final_checkpoint >= last_end,
+        "the clean stop checkpointed everything"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_slot_advances_while_other_databases_write() {
+    let pg = cluster();
+    pg.create_database("busy").expect("database");
+    let client = connect(&pg.conninfo("postgres")).await;
+    client
+        .batch_execute("CREATE TABLE quiet (id int PRIMARY KEY)")
+        .await
+        .expect("table");
+    let dir = temp_dir("idle");
+    let store = Arc::new(Store::open(dir.join("state.redb")).expect("store"));
+    let mut source = config(&pg, "pub", "slot", &["quiet"]);
+    source.status_interval = Some(Duration::from_millis(100));
+    let (started_tx, started_rx) = oneshot::channel();
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let running = tokio::spawn(pipeline::run(
+        PipelineConfig::new("p", source),
+        store.clone(),
+        SlowSink::default(),
+        Some(started_tx),
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+    started_rx.await.expect("started");
+    let initial = confirmed_flush(&client, "slot").await;
+    let busy = connect(&pg.conninfo("busy")).await;
+    busy.batch_execute("CREATE TABLE noise (x int)")
+        .await
+        .expect("noise");
+    for _ in 0..20 {
+        busy.batch_execute("INSERT INTO noise SELECT generate_series(1, 100)")
+            .await
+            .expect("noise");
+    }
+    let target: Lsn = busy
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await
+        .expect("lsn")
+        .get::<_, String>(0)
+        .parse()
+        .expect("lsn");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let confirmed = confirmed_flush(&client, "slot").await;
+        if confirmed >= target {
+            let checkpoint = store.offset("p").expect("read").map(|o| o.end_lsn);
+            assert!(
+                checkpoint >= Some(confirmed),
+                "checkpointed before confirmed"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the idle slot is pinned at {confirmed} (started at {initial}, WAL is at {target})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = stop_tx.send(());
+    running.await.expect("task").expect("clean stop");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+async fn run_until_one_batch(
+    pg: &datum::throwaway::Cluster,
+    store: Arc<Store>,
+    recreate: bool,
+) -> Result<(), pipeline::PipelineError> {
+    let mut source = config(pg, "pub", "slot", &["t"]);
+    source.recreate_slot = recreate;
+    let sink = SlowSink::default();
+    let seen = sink.seen.clone();
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let (started_tx, started_rx) = oneshot::channel();
+    let running = tokio::spawn(pipeline::run(
+        PipelineConfig::new("p", source),
+        store,
+        sink,
+        Some(started_tx),
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+    if started_rx.await.is_err() {
+        return running.await.expect("task");
+    }
+    let client = connect(&pg.conninfo("postgres")).await;
+    let id: i64 = client
+        .query_one(
+            "INSERT INTO t SELECT coalesce(max(id), 0) + 1 FROM t RETURNING id",
+            &[],
+        )
+        .await
+        .expect("insert")
+        .get(0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !seen.lock().expect("lock").contains(&id) {
+        assert!(Instant::now() < deadline, "row {id} did not arrive");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = stop_tx.send(());
+    running.await.expect("task")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_slot_is_an_error_and_recreating_it_says_a_resync_is_needed() {
+    let pg = datum::throwaway::Cluster::builder()
+        .setting("max_slot_wal_keep_size", "1MB")
+        .start()
+        .expect("cluster");
+    let client = connect(&pg.conninfo("postgres")).await;
+    client
+        .batch_execute("CREATE TABLE t (id int8 PRIMARY KEY)")
+        .await
+        .expect("table");
+    let dir = temp_dir("lost-slot");
+    let store = Arc::new(Store::open(dir.join("state.redb")).expect("store"));
+    run_until_one_batch(&pg, store.clone(), false)
+        .await
+        .expect("first run");
+    let checkpoint = stored_in(&store);
+    assert!(checkpoint > 0);
+
+    // Dropped.
+    client
+        .query("SELECT pg_drop_replication_slot('slot')", &[])
+        .await
+        .expect("drop");
+    let err = run_until_one_batch(&pg, store.clone(), false)
+        .await
+        .expect_err("the slot is gone");
+    let text = err.to_string();
+    assert!(text.contains("slot slot no longer exists"), "{text}");
+    assert!(text.contains("recreate_slot = true"), "{text}");
+    assert_eq!(stored_in(&store), checkpoint, "the checkpoint is untouched");
+    run_until_one_batch(&pg, store.clone(), true)
+        .await
+        .expect("recreated");
+
+    // Invalidated: more WAL than max_slot_wal_keep_size while nobody reads.
+    client
+        .batch_execute(
+            "CREATE TABLE filler (x text);
+             INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 40000);
+             SELECT pg_switch_wal(); CHECKPOINT;",
+        )
+        .await
+        .expect("filler");
+    let status: String = client
+        .query_one(
+            "SELECT wal_status FROM pg_replication_slots WHERE slot_name = 'slot'",
+            &[],
+        )
+        .await
+        .expect("slot")
+        .get(0);
+    assert_eq!(status, "lost", "the slot was invalidated");
+    let err = run_until_one_batch(&pg, store.clone(), false)
+        .await
+        .expect_err("the slot is lost");
+    assert!(
+        matches!(
+            err,
+            pipeline::PipelineError::Source(SourceError::Requirement { .. })
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("invalidated"), "{err}");
+    run_until_one_batch(&pg, store.clone(), true)
+        .await
+        .expect("recreated");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+fn stored_in(store: &Store) -> u64 {
+    store
+        .offset("p")
+        .expect("read")
+        .map(|o| o.end_lsn.0)
+        .unwrap_or(0)
+}
