@@ -124,6 +124,7 @@ pub struct Offset {
 pub struct Store {
     db: Database,
     path: PathBuf,
+    commits: std::sync::atomic::AtomicU64,
 }
 
 pub(crate) fn now_micros() -> i64 {
@@ -149,7 +150,11 @@ impl Store {
             builder.set_check_integrity_on_open(true).open(&path)
         }
         .map_err(|err| open_error(&path, err))?;
-        let store = Store { db, path };
+        let store = Store {
+            db,
+            path,
+            commits: Default::default(),
+        };
         store.init(fresh)?;
         Ok(store)
     }
@@ -157,6 +162,11 @@ impl Store {
     /// The file's path.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Durable offset commits made through this handle.
+    pub fn commits(&self) -> u64 {
+        self.commits.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn storage(&self, err: impl std::fmt::Display) -> CheckpointError {
@@ -285,7 +295,10 @@ impl Store {
                 .map_err(|e| self.storage(e))?;
         }
         // redb's default durability: on disk when commit returns.
-        txn.commit().map_err(|e| self.storage(e))
+        txn.commit().map_err(|e| self.storage(e))?;
+        self.commits
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 }
 
@@ -348,6 +361,8 @@ pub async fn commit_loop(
 ) {
     let mut shutdown = std::pin::pin!(shutdown);
     let mut targets = feedback.target();
+    // Whatever was acknowledged before this loop subscribed counts too.
+    targets.mark_changed();
     let mut retry = Duration::from_millis(100);
     loop {
         let stopping = tokio::select! {
@@ -494,6 +509,56 @@ mod tests {
         Database::create(&other).expect("create");
         let err = Store::open(&other).expect_err("foreign");
         assert!(matches!(err, CheckpointError::Corrupt { .. }), "{err:?}");
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[tokio::test]
+    async fn group_commit_shares_one_commit_among_many_acknowledgements() {
+        use datum_guest::Txn;
+        let dir = tempdir();
+        let store = Arc::new(Store::open(dir.join("state.redb")).expect("create"));
+        let feedback = Feedback::new(Offset::default());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let policy = CommitPolicy {
+            group_delay: Duration::from_millis(200),
+        };
+        let committer = tokio::spawn(commit_loop(
+            store.clone(),
+            "p".into(),
+            feedback.clone(),
+            policy,
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        let mut flushed = feedback.flushed_watch();
+        for i in 1..=100u64 {
+            let txn = Txn {
+                xid: i as u32,
+                commit_lsn: i * 10,
+                end_lsn: i * 10 + 1,
+                commit_time: 0,
+                chunk: 0,
+                last: true,
+            };
+            feedback.register(&txn);
+            feedback.ack(&txn);
+        }
+        flushed
+            .wait_for(|lsn| *lsn == Lsn(1001))
+            .await
+            .expect("flushed");
+        assert_eq!(
+            store.commits(),
+            1,
+            "100 acknowledgements within the window, one commit"
+        );
+        assert_eq!(
+            store.offset("p").expect("read").map(|o| o.end_lsn),
+            Some(Lsn(1001))
+        );
+        let _ = stop.send(());
+        committer.await.expect("committer");
         std::fs::remove_dir_all(dir).ok();
     }
 
