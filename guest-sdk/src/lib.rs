@@ -6,7 +6,10 @@
 
 pub mod wire;
 
-pub use wire::{Date, Interval, Timestamp, Txn, Value};
+pub use wire::{
+    Batch, Change, Column, Date, Envelope, GuestError, Interval, LogicalMessage, Op, Output, Row,
+    TableName, Timestamp, Truncate, Txn, Value,
+};
 
 /// The version of the host–guest ABI this SDK speaks (`datum_abi_v1`).
 pub const ABI_VERSION: u32 = 1;

@@ -1,8 +1,16 @@
-//! The event model shared by the host and the guests (`DESIGN.md` §3).
+//! The event model shared by the host and the guests (`DESIGN.md` §3), and
+//! its MessagePack form (`docs/abi.md`).
 //!
-//! Owns the Rust shape of a value, a change and a batch. It does not own how
-//! they cross the ABI (MessagePack, `docs/abi.md`), nor how the host decodes
-//! them from PostgreSQL.
+//! Owns the Rust shape of a value, a change, a batch and the result envelope,
+//! and how each is (de)serialized: structs as maps with named fields, values
+//! as plain MessagePack where it has the type and single-key tagged maps
+//! otherwise. It does not own how the host decodes PostgreSQL's stream.
+
+use std::fmt;
+
+use serde::de::{self, MapAccess, SeqAccess, Visitor};
+use serde::ser::{SerializeMap, SerializeSeq};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// A point in time with microsecond precision, or one of PostgreSQL's
 /// infinities. `Micros` counts from 1970-01-01 00:00:00 (UTC for
@@ -35,7 +43,7 @@ pub enum Date {
 
 /// PostgreSQL's `interval`: months, days and microseconds are independent
 /// (a month is not a fixed number of days), each may be negative.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Interval {
     /// Months (years count as 12).
     pub months: i32,
@@ -101,7 +109,7 @@ pub enum Value {
 /// A transaction larger than the host's batch limits arrives as several
 /// batches (chunks) with the same `xid` and `commit_lsn`, numbered from 0 by
 /// `chunk`; only the one with `last` set carries `end_lsn`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Txn {
     /// The transaction id (0 for a non-transactional logical message).
     pub xid: u32,
@@ -119,3 +127,791 @@ pub struct Txn {
     /// Whether this is the transaction's last chunk.
     pub last: bool,
 }
+
+// ---------------------------------------------------------------------------
+// Changes and batches.
+
+/// What happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Op {
+    /// A row was inserted.
+    Insert,
+    /// A row was updated.
+    Update,
+    /// A row was deleted.
+    Delete,
+    /// Tables were truncated (see [`Change::truncate`]).
+    Truncate,
+    /// A row read by a backfill.
+    Snapshot,
+    /// A `pg_logical_emit_message` payload (see [`Change::message`]).
+    Message,
+}
+
+/// A column of the changed table.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Column {
+    /// Column name.
+    pub name: String,
+    /// PostgreSQL type name (`int4`, `text[]`, `myschema.mytype`).
+    #[serde(rename = "type")]
+    pub type_name: String,
+    /// Part of the replica identity.
+    #[serde(default)]
+    pub key: bool,
+}
+
+/// A row: column names and values, in column order. Serialized as a map.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Row {
+    fields: Vec<(String, Value)>,
+}
+
+impl Row {
+    /// An empty row.
+    pub fn new() -> Row {
+        Row::default()
+    }
+
+    /// A row from `(name, value)` pairs, in order.
+    pub fn from_fields(fields: Vec<(String, Value)>) -> Row {
+        Row { fields }
+    }
+
+    /// The `(name, value)` pairs, in order.
+    pub fn fields(&self) -> &[(String, Value)] {
+        &self.fields
+    }
+
+    /// Consumes the row into its `(name, value)` pairs.
+    pub fn into_fields(self) -> Vec<(String, Value)> {
+        self.fields
+    }
+
+    /// The value of a column, if the row has it.
+    pub fn get(&self, name: &str) -> Option<&Value> {
+        self.fields.iter().find(|(n, _)| n == name).map(|(_, v)| v)
+    }
+
+    /// A mutable reference to a column's value.
+    pub fn get_mut(&mut self, name: &str) -> Option<&mut Value> {
+        self.fields
+            .iter_mut()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v)
+    }
+
+    /// Sets a column, replacing its value or appending it; returns the old
+    /// value.
+    pub fn set(&mut self, name: impl Into<String>, value: impl Into<Value>) -> Option<Value> {
+        let name = name.into();
+        let value = value.into();
+        match self.get_mut(&name) {
+            Some(slot) => Some(std::mem::replace(slot, value)),
+            None => {
+                self.fields.push((name, value));
+                None
+            }
+        }
+    }
+
+    /// Removes a column; returns its value.
+    pub fn remove(&mut self, name: &str) -> Option<Value> {
+        let index = self.fields.iter().position(|(n, _)| n == name)?;
+        Some(self.fields.remove(index).1)
+    }
+
+    /// Whether the row has a column of that name.
+    pub fn contains(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+
+    /// Column names, in order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.fields.iter().map(|(n, _)| n.as_str())
+    }
+
+    /// Number of columns.
+    pub fn len(&self) -> usize {
+        self.fields.len()
+    }
+
+    /// Whether the row has no column.
+    pub fn is_empty(&self) -> bool {
+        self.fields.is_empty()
+    }
+}
+
+impl Serialize for Row {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(self.fields.len()))?;
+        for (name, value) in &self.fields {
+            map.serialize_entry(name, value)?;
+        }
+        map.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for Row {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Row, D::Error> {
+        struct RowVisitor;
+        impl<'de> Visitor<'de> for RowVisitor {
+            type Value = Row;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a map of column names to values")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Row, A::Error> {
+                let mut fields = Vec::with_capacity(map.size_hint().unwrap_or(0).min(4096));
+                while let Some((name, value)) = map.next_entry::<String, Value>()? {
+                    fields.push((name, value));
+                }
+                Ok(Row { fields })
+            }
+        }
+        deserializer.deserialize_map(RowVisitor)
+    }
+}
+
+/// A table named in a truncate.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TableName {
+    /// Schema.
+    pub schema: String,
+    /// Table.
+    pub table: String,
+}
+
+/// What a `truncate` change truncated, in one statement.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Truncate {
+    /// Every table, in the statement's order.
+    pub tables: Vec<TableName>,
+    /// `TRUNCATE ... CASCADE`.
+    #[serde(default)]
+    pub cascade: bool,
+    /// `TRUNCATE ... RESTART IDENTITY`.
+    #[serde(default)]
+    pub restart_identity: bool,
+}
+
+/// A `pg_logical_emit_message` payload.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct LogicalMessage {
+    /// The prefix it was emitted with.
+    pub prefix: String,
+    /// The payload.
+    #[serde(with = "bytes_field")]
+    pub content: Vec<u8>,
+    /// Emitted inside a transaction.
+    #[serde(default)]
+    pub transactional: bool,
+}
+
+/// One change.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Change {
+    /// What happened.
+    pub op: Op,
+    /// The table's schema (empty for messages).
+    #[serde(default)]
+    pub schema: String,
+    /// The table (empty for messages).
+    #[serde(default)]
+    pub table: String,
+    /// The table's columns, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub columns: Vec<Column>,
+    /// The new row (insert, update, snapshot).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new: Option<Row>,
+    /// The old row: its key, or every column under `REPLICA IDENTITY FULL`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub old: Option<Row>,
+    /// A destination chosen by a module.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<String>,
+    /// For `truncate`: what was truncated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncate: Option<Truncate>,
+    /// For `message`: the payload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<LogicalMessage>,
+}
+
+impl Change {
+    /// A change of `op` on `schema.table` with nothing else set.
+    pub fn new(op: Op, schema: impl Into<String>, table: impl Into<String>) -> Change {
+        Change {
+            op,
+            schema: schema.into(),
+            table: table.into(),
+            columns: Vec::new(),
+            new: None,
+            old: None,
+            route: None,
+            truncate: None,
+            message: None,
+        }
+    }
+}
+
+/// A batch: one transaction, or one chunk of a large one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Batch {
+    /// The transaction.
+    pub txn: Txn,
+    /// Its changes, in WAL order.
+    pub changes: Vec<Change>,
+}
+
+/// One element of a module's output: an input change kept as it was, or a
+/// change of the module's making.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Output {
+    /// Input change number `i`, unchanged.
+    Keep(u32),
+    /// A new or modified change.
+    Change(Change),
+}
+
+impl Serialize for Output {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Output::Keep(index) => serializer.serialize_u32(*index),
+            Output::Change(change) => change.serialize(serializer),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Output {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Output, D::Error> {
+        struct OutputVisitor;
+        impl<'de> Visitor<'de> for OutputVisitor {
+            type Value = Output;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an input change index or a change map")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Output, E> {
+                u32::try_from(v)
+                    .map(Output::Keep)
+                    .map_err(|_| E::custom("change index out of range"))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Output, E> {
+                u32::try_from(v)
+                    .map(Output::Keep)
+                    .map_err(|_| E::custom("a change index must not be negative"))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Output, A::Error> {
+                Change::deserialize(de::value::MapAccessDeserializer::new(map)).map(Output::Change)
+            }
+        }
+        deserializer.deserialize_any(OutputVisitor)
+    }
+}
+
+/// A module's error: a message and, where known, the input change at fault.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestError {
+    /// What went wrong.
+    pub message: String,
+    /// The index of the input change at fault.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<u32>,
+}
+
+/// The result envelope of `datum_transform` and `datum_init`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Envelope {
+    /// The module failed.
+    Error {
+        /// The failure.
+        error: GuestError,
+    },
+    /// The module's output.
+    Changes {
+        /// Kept indexes and new changes, in output order.
+        changes: Vec<Output>,
+    },
+    /// `datum_init` succeeded (an empty map).
+    Ok {},
+}
+
+/// Encodes any wire type as MessagePack with named fields.
+pub fn to_msgpack<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, rmp_serde::encode::Error> {
+    rmp_serde::to_vec_named(value)
+}
+
+/// Decodes any wire type from MessagePack.
+pub fn from_msgpack<'a, T: Deserialize<'a>>(
+    bytes: &'a [u8],
+) -> Result<T, rmp_serde::decode::Error> {
+    rmp_serde::from_slice(bytes)
+}
+
+// ---------------------------------------------------------------------------
+// Values.
+
+mod bytes_field {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(bytes: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_bytes(bytes)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
+        super::ByteBuf::deserialize(deserializer).map(|b| b.0)
+    }
+}
+
+/// Bytes that also accept an array of integers (how some MessagePack
+/// writers, and JSON, spell binary).
+struct ByteBuf(Vec<u8>);
+
+impl<'de> Deserialize<'de> for ByteBuf {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<ByteBuf, D::Error> {
+        struct BytesVisitor;
+        impl<'de> Visitor<'de> for BytesVisitor {
+            type Value = ByteBuf;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("bytes")
+            }
+            fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<ByteBuf, E> {
+                Ok(ByteBuf(v.to_vec()))
+            }
+            fn visit_byte_buf<E: de::Error>(self, v: Vec<u8>) -> Result<ByteBuf, E> {
+                Ok(ByteBuf(v))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ByteBuf, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 16));
+                while let Some(b) = seq.next_element::<u8>()? {
+                    out.push(b);
+                }
+                Ok(ByteBuf(out))
+            }
+        }
+        deserializer.deserialize_bytes(BytesVisitor)
+    }
+}
+
+struct Bin<'a>(&'a [u8]);
+
+impl Serialize for Bin<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_bytes(self.0)
+    }
+}
+
+/// `{"tag": value}`.
+fn tagged<S: Serializer, T: Serialize + ?Sized>(
+    serializer: S,
+    tag: &str,
+    value: &T,
+) -> Result<S::Ok, S::Error> {
+    let mut map = serializer.serialize_map(Some(1))?;
+    map.serialize_entry(tag, value)?;
+    map.end()
+}
+
+/// An infinity-capable point as the wire spells it: an integer, or
+/// `"infinity"` / `"-infinity"`.
+enum Point {
+    Finite(i64),
+    Infinity,
+    NegInfinity,
+}
+
+impl Serialize for Point {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Point::Finite(v) => serializer.serialize_i64(*v),
+            Point::Infinity => serializer.serialize_str("infinity"),
+            Point::NegInfinity => serializer.serialize_str("-infinity"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Point {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Point, D::Error> {
+        struct PointVisitor;
+        impl<'de> Visitor<'de> for PointVisitor {
+            type Value = Point;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an integer, \"infinity\" or \"-infinity\"")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Point, E> {
+                Ok(Point::Finite(v))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Point, E> {
+                i64::try_from(v)
+                    .map(Point::Finite)
+                    .map_err(|_| E::custom("out of range"))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Point, E> {
+                match v {
+                    "infinity" => Ok(Point::Infinity),
+                    "-infinity" => Ok(Point::NegInfinity),
+                    other => Err(E::custom(format!(
+                        "`{other}`: expected \"infinity\" or \"-infinity\""
+                    ))),
+                }
+            }
+        }
+        deserializer.deserialize_any(PointVisitor)
+    }
+}
+
+impl From<Timestamp> for Point {
+    fn from(t: Timestamp) -> Point {
+        match t {
+            Timestamp::NegInfinity => Point::NegInfinity,
+            Timestamp::Micros(v) => Point::Finite(v),
+            Timestamp::Infinity => Point::Infinity,
+        }
+    }
+}
+
+impl From<Point> for Timestamp {
+    fn from(p: Point) -> Timestamp {
+        match p {
+            Point::NegInfinity => Timestamp::NegInfinity,
+            Point::Finite(v) => Timestamp::Micros(v),
+            Point::Infinity => Timestamp::Infinity,
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct OtherBody {
+    #[serde(rename = "type")]
+    type_name: String,
+    text: String,
+}
+
+#[derive(Serialize)]
+struct OtherRef<'a> {
+    #[serde(rename = "type")]
+    type_name: &'a str,
+    text: &'a str,
+}
+
+impl Serialize for Value {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Value::Null => serializer.serialize_unit(),
+            Value::Bool(b) => serializer.serialize_bool(*b),
+            Value::Int(i) => serializer.serialize_i64(*i),
+            Value::Float(f) => serializer.serialize_f64(*f),
+            Value::Text(t) => serializer.serialize_str(t),
+            Value::Bytes(b) => serializer.serialize_bytes(b),
+            Value::Array(items) => {
+                let mut seq = serializer.serialize_seq(Some(items.len()))?;
+                for item in items {
+                    seq.serialize_element(item)?;
+                }
+                seq.end()
+            }
+            Value::Numeric(n) => tagged(serializer, "numeric", n),
+            Value::Json(j) => tagged(serializer, "json", j),
+            Value::Timestamp(t) => tagged(serializer, "timestamp", &Point::from(*t)),
+            Value::TimestampTz(t) => tagged(serializer, "timestamptz", &Point::from(*t)),
+            Value::Date(d) => {
+                let point = match d {
+                    Date::NegInfinity => Point::NegInfinity,
+                    Date::Days(v) => Point::Finite(i64::from(*v)),
+                    Date::Infinity => Point::Infinity,
+                };
+                tagged(serializer, "date", &point)
+            }
+            Value::Time(t) => tagged(serializer, "time", t),
+            Value::Uuid(u) => tagged(serializer, "uuid", &Bin(u)),
+            Value::Interval(i) => tagged(serializer, "interval", i),
+            Value::Unchanged => tagged(serializer, "unchanged", &true),
+            Value::Other { type_name, text } => {
+                tagged(serializer, "other", &OtherRef { type_name, text })
+            }
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Value {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Value, D::Error> {
+        deserializer.deserialize_any(ValueVisitor)
+    }
+}
+
+struct ValueVisitor;
+
+impl<'de> Visitor<'de> for ValueVisitor {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a Datum value (docs/abi.md, \"Values\")")
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::Int(v))
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Value, E> {
+        i64::try_from(v)
+            .map(Value::Int)
+            .map_err(|_| E::custom(format!("integer {v} does not fit in i64")))
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
+        Ok(Value::Float(v))
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::Text(v.to_owned()))
+    }
+
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Value, E> {
+        Ok(Value::Text(v))
+    }
+
+    fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<Value, E> {
+        Ok(Value::Bytes(v.to_vec()))
+    }
+
+    fn visit_byte_buf<E: de::Error>(self, v: Vec<u8>) -> Result<Value, E> {
+        Ok(Value::Bytes(v))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+        while let Some(item) = seq.next_element::<Value>()? {
+            items.push(item);
+        }
+        Ok(Value::Array(items))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let Some(tag) = map.next_key::<String>()? else {
+            return Err(de::Error::custom("an empty map is not a value"));
+        };
+        let value = match tag.as_str() {
+            "numeric" => Value::Numeric(map.next_value()?),
+            "json" => Value::Json(map.next_value()?),
+            "timestamp" => Value::Timestamp(map.next_value::<Point>()?.into()),
+            "timestamptz" => Value::TimestampTz(map.next_value::<Point>()?.into()),
+            "date" => Value::Date(match map.next_value::<Point>()? {
+                Point::NegInfinity => Date::NegInfinity,
+                Point::Infinity => Date::Infinity,
+                Point::Finite(v) => Date::Days(
+                    i32::try_from(v).map_err(|_| de::Error::custom("date out of range"))?,
+                ),
+            }),
+            "time" => Value::Time(map.next_value()?),
+            "uuid" => {
+                let bytes = map.next_value::<ByteBuf>()?.0;
+                let uuid: [u8; 16] = bytes
+                    .try_into()
+                    .map_err(|_| de::Error::custom("a uuid is 16 bytes"))?;
+                Value::Uuid(uuid)
+            }
+            "interval" => Value::Interval(map.next_value()?),
+            "unchanged" => {
+                let _: de::IgnoredAny = map.next_value()?;
+                Value::Unchanged
+            }
+            "other" => {
+                let body: OtherBody = map.next_value()?;
+                Value::Other {
+                    type_name: body.type_name,
+                    text: body.text,
+                }
+            }
+            other => {
+                return Err(de::Error::custom(format!(
+                    "unknown value tag `{other}` (docs/abi.md lists the tags)"
+                )));
+            }
+        };
+        if map.next_key::<de::IgnoredAny>()?.is_some() {
+            return Err(de::Error::custom("a tagged value has exactly one key"));
+        }
+        Ok(value)
+    }
+}
+
+// Conversions that make building rows pleasant.
+
+impl From<bool> for Value {
+    fn from(v: bool) -> Value {
+        Value::Bool(v)
+    }
+}
+
+impl From<i64> for Value {
+    fn from(v: i64) -> Value {
+        Value::Int(v)
+    }
+}
+
+impl From<i32> for Value {
+    fn from(v: i32) -> Value {
+        Value::Int(i64::from(v))
+    }
+}
+
+impl From<f64> for Value {
+    fn from(v: f64) -> Value {
+        Value::Float(v)
+    }
+}
+
+impl From<&str> for Value {
+    fn from(v: &str) -> Value {
+        Value::Text(v.to_owned())
+    }
+}
+
+impl From<String> for Value {
+    fn from(v: String) -> Value {
+        Value::Text(v)
+    }
+}
+
+impl From<Vec<u8>> for Value {
+    fn from(v: Vec<u8>) -> Value {
+        Value::Bytes(v)
+    }
+}
+
+impl<T: Into<Value>> From<Option<T>> for Value {
+    fn from(v: Option<T>) -> Value {
+        v.map(Into::into).unwrap_or(Value::Null)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip(value: Value) {
+        let bytes = to_msgpack(&value).expect("encode");
+        let back: Value = from_msgpack(&bytes).expect("decode");
+        match (&value, &back) {
+            (Value::Float(a), Value::Float(b)) if a.is_nan() => assert!(b.is_nan()),
+            _ => assert_eq!(back, value),
+        }
+    }
+
+    #[test]
+    fn every_value_round_trips() {
+        for value in [
+            Value::Null,
+            Value::Bool(true),
+            Value::Int(i64::MIN),
+            Value::Int(i64::MAX),
+            Value::Float(f64::NAN),
+            Value::Float(f64::NEG_INFINITY),
+            Value::Numeric("-12.500".into()),
+            Value::Text("grüße".into()),
+            Value::Bytes((0..=255).collect()),
+            Value::Json("{\"a\":[1]}".into()),
+            Value::Timestamp(Timestamp::Micros(-1)),
+            Value::Timestamp(Timestamp::Infinity),
+            Value::TimestampTz(Timestamp::NegInfinity),
+            Value::Date(Date::Days(-735_160)),
+            Value::Date(Date::Infinity),
+            Value::Time(86_400_000_000),
+            Value::Uuid([7; 16]),
+            Value::Interval(Interval {
+                months: -1,
+                days: 2,
+                micros: -3,
+            }),
+            Value::Array(vec![Value::Array(vec![Value::Int(1)]), Value::Null]),
+            Value::Array(vec![]),
+            Value::Unchanged,
+            Value::Other {
+                type_name: "point".into(),
+                text: "(1,2)".into(),
+            },
+        ] {
+            round_trip(value);
+        }
+    }
+
+    #[test]
+    fn structs_are_maps_with_named_fields() {
+        let mut row = Row::new();
+        row.set("id", 1);
+        let mut change = Change::new(Op::Insert, "public", "t");
+        change.new = Some(row);
+        let bytes = to_msgpack(&change).expect("encode");
+        // fixmap, then the key "op" as a fixstr.
+        assert_eq!(bytes[0] & 0xf0, 0x80, "a map");
+        assert_eq!(&bytes[1..4], b"\xa2op");
+        let back: Change = from_msgpack(&bytes).expect("decode");
+        assert_eq!(back, change);
+    }
+
+    #[test]
+    fn envelopes_decode_by_shape() {
+        let ok: Envelope = from_msgpack(
+            &to_msgpack(&Envelope::Changes {
+                changes: vec![
+                    Output::Keep(2),
+                    Output::Change(Change::new(Op::Delete, "s", "t")),
+                ],
+            })
+            .expect("encode"),
+        )
+        .expect("decode");
+        assert!(matches!(ok, Envelope::Changes { ref changes } if changes.len() == 2));
+        let err: Envelope = from_msgpack(
+            &to_msgpack(&Envelope::Error {
+                error: GuestError {
+                    message: "bad".into(),
+                    index: Some(3),
+                },
+            })
+            .expect("encode"),
+        )
+        .expect("decode");
+        assert!(matches!(err, Envelope::Error { error } if error.index == Some(3)));
+        let init: Envelope = from_msgpack(&[0x80]).expect("empty map");
+        assert_eq!(init, Envelope::Ok {});
+    }
+
+    #[test]
+    fn unknown_tags_and_extra_keys_are_errors() {
+        let unknown =
+            to_msgpack(&std::collections::BTreeMap::from([("decimal", "1")])).expect("encode");
+        assert!(from_msgpack::<Value>(&unknown).is_err());
+        let two = to_msgpack(&std::collections::BTreeMap::from([
+            ("json", "1"),
+            ("numeric", "1"),
+        ]))
+        .expect("encode");
+        assert!(from_msgpack::<Value>(&two).is_err());
+    }
+
+    #[test]
+    fn row_accessors() {
+        let mut row = Row::from_fields(vec![("a".into(), Value::Int(1))]);
+        assert_eq!(row.set("b", "x"), None);
+        assert_eq!(row.set("a", 2), Some(Value::Int(1)));
+        assert_eq!(row.names().collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(row.remove("a"), Some(Value::Int(2)));
+        assert!(!row.contains("a") && row.len() == 1);
+    }
+}
+// WIRE-READY
