@@ -372,7 +372,7 @@ pub enum Output {
     /// Input change number `i`, unchanged.
     Keep(u32),
     /// A new or modified change.
-    Change(Change),
+    Change(Box<Change>),
 }
 
 impl Serialize for Output {
@@ -403,7 +403,8 @@ impl<'de> Deserialize<'de> for Output {
                     .map_err(|_| E::custom("a change index must not be negative"))
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Output, A::Error> {
-                Change::deserialize(de::value::MapAccessDeserializer::new(map)).map(Output::Change)
+                Change::deserialize(de::value::MapAccessDeserializer::new(map))
+                    .map(|c| Output::Change(Box::new(c)))
             }
         }
         deserializer.deserialize_any(OutputVisitor)
