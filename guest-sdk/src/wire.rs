@@ -870,7 +870,7 @@ mod tests {
             &to_msgpack(&Envelope::Changes {
                 changes: vec![
                     Output::Keep(2),
-                    Output::Change(Change::new(Op::Delete, "s", "t")),
+                    Output::Change(Box::new(Change::new(Op::Delete, "s", "t"))),
                 ],
             })
             .expect("encode"),
