@@ -241,6 +241,28 @@ impl Row {
     pub fn is_empty(&self) -> bool {
         self.fields.is_empty()
     }
+
+    /// The `(name, value)` pairs with mutable values, in order.
+    pub fn values_mut(&mut self) -> impl Iterator<Item = (&str, &mut Value)> {
+        self.fields.iter_mut().map(|(n, v)| (n.as_str(), v))
+    }
+
+    /// Keeps only the columns for which `keep(name, value)` holds, in order.
+    pub fn retain(&mut self, mut keep: impl FnMut(&str, &Value) -> bool) {
+        self.fields.retain(|(n, v)| keep(n, v));
+    }
+
+    /// Renames a column in place (its position is kept); returns whether the
+    /// row had it.
+    pub fn rename(&mut self, from: &str, to: impl Into<String>) -> bool {
+        match self.fields.iter_mut().find(|(n, _)| n == from) {
+            Some((name, _)) => {
+                *name = to.into();
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 impl Serialize for Row {

@@ -60,6 +60,23 @@ pub struct Column {
     pub(crate) kind: TypeKind,
 }
 
+impl Column {
+    /// A column described by name and type name (for tests and tools that
+    /// build batches by hand; the source fills in type OIDs).
+    pub fn new(name: &str, type_name: &str, key: bool) -> Column {
+        Column {
+            name: name.to_owned(),
+            type_oid: 0,
+            type_name: type_name.to_owned(),
+            type_modifier: -1,
+            key,
+            kind: TypeKind::Other {
+                type_name: type_name.to_owned(),
+            },
+        }
+    }
+}
+
 /// The old values of an updated or deleted row.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OldRow {

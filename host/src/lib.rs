@@ -11,3 +11,4 @@ pub mod pipeline;
 pub mod sink;
 pub mod source;
 pub mod throwaway;
+pub mod transform;

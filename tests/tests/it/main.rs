@@ -6,3 +6,4 @@ mod checkpoint;
 mod harness;
 mod source;
 mod tls_harness;
+mod transform;

@@ -1,0 +1,8 @@
+use datum_guest::{Change, Result, filter};
+
+#[filter(tables = "users")]
+fn keep(change: &Change) -> Result<bool> {
+    Ok(change.table == "users")
+}
+
+fn main() {}

@@ -1,0 +1,9 @@
+use datum_guest::{Result, init};
+
+#[init]
+fn setup(config: String) -> Result<()> {
+    let _ = config;
+    Ok(())
+}
+
+fn main() {}

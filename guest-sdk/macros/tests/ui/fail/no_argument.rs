@@ -1,0 +1,8 @@
+use datum_guest::{Result, filter};
+
+#[filter]
+fn keep() -> Result<bool> {
+    Ok(true)
+}
+
+fn main() {}

@@ -1,0 +1,8 @@
+use datum_guest::map;
+
+#[map]
+struct Mask {
+    column: String,
+}
+
+fn main() {}

@@ -1,0 +1,8 @@
+use datum_guest::{Change, filter};
+
+#[filter]
+fn keep(change: &Change) -> bool {
+    change.table == "users"
+}
+
+fn main() {}

@@ -1,0 +1,231 @@
+//! A batch whose changes are decoded only when asked for.
+//!
+//! Owns splitting the batch's MessagePack into its transaction and one byte
+//! range per change, which the glue uses for every kind of transform (so a
+//! change that fails to decode is blamed by its index), and [`LazyBatch`],
+//! which a `#[transform]` function may take instead of a [`Batch`] to pay
+//! only for the changes it reads: `identity` reads none.
+
+use std::ops::Range;
+
+use crate::error::{Error, Result};
+use crate::msgpack::Reader;
+use crate::wire::{Batch, Change, Output, Txn, from_msgpack, to_msgpack};
+
+/// Where the parts of an encoded batch are.
+#[derive(Debug, Clone)]
+pub(crate) struct Layout {
+    pub(crate) txn: Range<usize>,
+    pub(crate) changes: Vec<Range<usize>>,
+}
+
+impl Layout {
+    /// Splits an encoded batch. Unknown keys are skipped; `txn` and
+    /// `changes` must be there.
+    pub(crate) fn of(bytes: &[u8]) -> Result<Layout> {
+        let malformed = |e: crate::msgpack::Malformed| Error::new(format!("malformed batch: {e}"));
+        let mut reader = Reader::new(bytes);
+        let mut txn = None;
+        let mut changes = None;
+        for _ in 0..reader.map_len().map_err(malformed)? {
+            match reader.str_or_skip().map_err(malformed)? {
+                Some("txn") => txn = Some(reader.skip().map_err(malformed)?),
+                Some("changes") => {
+                    let len = reader.array_len().map_err(malformed)?;
+                    if u32::try_from(len).is_err() {
+                        return Err(Error::new("malformed batch: too many changes"));
+                    }
+                    let mut ranges = Vec::with_capacity(len.min(bytes.len()));
+                    for _ in 0..len {
+                        ranges.push(reader.skip().map_err(malformed)?);
+                    }
+                    changes = Some(ranges);
+                }
+                _ => {
+                    reader.skip().map_err(malformed)?;
+                }
+            }
+        }
+        if !reader.at_end() {
+            return Err(Error::new(format!(
+                "malformed batch: {} bytes after the batch",
+                bytes.len() - reader.position()
+            )));
+        }
+        Ok(Layout {
+            txn: txn.ok_or_else(|| Error::new("malformed batch: no `txn`"))?,
+            changes: changes.ok_or_else(|| Error::new("malformed batch: no `changes`"))?,
+        })
+    }
+}
+
+/// Decodes change `index` from its bytes; an error blames it.
+pub(crate) fn decode_change(bytes: &[u8], index: usize) -> Result<Change> {
+    from_msgpack(bytes)
+        .map_err(|e| Error::new(format!("cannot decode change {index}: {e}")).at(index))
+}
+
+/// A batch whose changes are decoded on demand.
+///
+/// Take it instead of a [`Batch`] in a `#[transform]` function that does not
+/// need every change decoded: `identity` answers [`LazyBatch::keep_all`]
+/// without decoding any. In tests, build one with [`LazyBatch::from_batch`].
+#[derive(Clone)]
+pub struct LazyBatch {
+    bytes: Vec<u8>,
+    txn: Txn,
+    changes: Vec<Range<usize>>,
+}
+
+impl LazyBatch {
+    /// Reads a batch's MessagePack form, decoding only its transaction.
+    pub fn from_msgpack(bytes: Vec<u8>) -> Result<LazyBatch> {
+        let layout = Layout::of(&bytes)?;
+        let txn = from_msgpack(&bytes[layout.txn.clone()])
+            .map_err(|e| Error::new(format!("malformed batch: cannot decode `txn`: {e}")))?;
+        Ok(LazyBatch {
+            bytes,
+            txn,
+            changes: layout.changes,
+        })
+    }
+
+    /// Encodes a batch and reads it back lazily: for tests.
+    pub fn from_batch(batch: &Batch) -> Result<LazyBatch> {
+        let bytes = to_msgpack(batch).map_err(|e| Error::new(format!("cannot encode: {e}")))?;
+        LazyBatch::from_msgpack(bytes)
+    }
+
+    /// The transaction.
+    pub fn txn(&self) -> &Txn {
+        &self.txn
+    }
+
+    /// The number of changes.
+    pub fn len(&self) -> usize {
+        self.changes.len()
+    }
+
+    /// Whether the batch has no change.
+    pub fn is_empty(&self) -> bool {
+        self.changes.is_empty()
+    }
+
+    /// Decodes change `index`; `None` past the end.
+    pub fn change(&self, index: usize) -> Option<Result<Change>> {
+        let range = self.changes.get(index)?.clone();
+        Some(decode_change(&self.bytes[range], index))
+    }
+
+    /// Decodes every change, in order.
+    pub fn changes(&self) -> impl Iterator<Item = Result<Change>> + '_ {
+        self.changes
+            .iter()
+            .enumerate()
+            .map(|(i, range)| decode_change(&self.bytes[range.clone()], i))
+    }
+
+    /// The MessagePack bytes of change `index`, undecoded.
+    pub fn raw_change(&self, index: usize) -> Option<&[u8]> {
+        self.changes.get(index).map(|r| &self.bytes[r.clone()])
+    }
+
+    /// Keeps change `index` unchanged.
+    pub fn keep(&self, index: usize) -> Output {
+        Output::Keep(index as u32)
+    }
+
+    /// Keeps every change unchanged: `[0, 1, ..., n-1]`.
+    pub fn keep_all(&self) -> Vec<Output> {
+        (0..self.changes.len() as u32).map(Output::Keep).collect()
+    }
+
+    /// Decodes the whole batch.
+    pub fn decode(&self) -> Result<Batch> {
+        Ok(Batch {
+            txn: self.txn,
+            changes: self.changes().collect::<Result<_>>()?,
+        })
+    }
+}
+
+impl std::fmt::Debug for LazyBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LazyBatch")
+            .field("txn", &self.txn)
+            .field("changes", &self.changes.len())
+            .field("bytes", &self.bytes.len())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::row;
+
+    fn batch() -> Batch {
+        Batch::new(
+            Txn::committed(7, 100),
+            vec![
+                Change::insert("s", "a").new_row(row! { "id" => 1 }),
+                Change::delete("s", "b").old_row(row! { "id" => 2 }),
+            ],
+        )
+    }
+
+    #[test]
+    fn decodes_on_demand() {
+        let lazy = LazyBatch::from_batch(&batch()).expect("lazy");
+        assert_eq!(lazy.txn().xid, 7);
+        assert_eq!(lazy.len(), 2);
+        assert_eq!(
+            lazy.change(1).map(|c| c.map(|c| c.table)),
+            Some(Ok("b".into()))
+        );
+        assert!(lazy.change(2).is_none());
+        assert_eq!(lazy.keep_all(), vec![Output::Keep(0), Output::Keep(1)]);
+        assert_eq!(lazy.decode(), Ok(batch()));
+    }
+
+    #[test]
+    fn unknown_keys_are_skipped_and_missing_ones_named() {
+        #[derive(serde::Serialize)]
+        struct Extended<'a> {
+            future: Vec<u8>,
+            changes: &'a [Change],
+            txn: Txn,
+            later: &'a str,
+        }
+        let b = batch();
+        let bytes = to_msgpack(&Extended {
+            future: vec![1, 2],
+            changes: &b.changes,
+            txn: b.txn,
+            later: "x",
+        })
+        .expect("encode");
+        assert_eq!(
+            LazyBatch::from_msgpack(bytes).and_then(|l| l.decode()),
+            Ok(b)
+        );
+        let no_txn =
+            to_msgpack(&std::collections::BTreeMap::from([("changes", [0u8; 0])])).expect("encode");
+        let err = LazyBatch::from_msgpack(no_txn).unwrap_err();
+        assert_eq!(err.message(), "malformed batch: no `txn`");
+        assert!(LazyBatch::from_msgpack(vec![0x92]).is_err());
+    }
+
+    #[test]
+    fn a_bad_change_is_blamed_by_index() {
+        let mut b = to_msgpack(&Batch::new(Txn::default(), vec![])).expect("encode");
+        // Replace the empty array by [1, {"op": "nope"}].
+        assert_eq!(b.pop(), Some(0x90));
+        b.extend_from_slice(b"\x92\x01\x81\xa2op\xa4nope");
+        let lazy = LazyBatch::from_msgpack(b).expect("layout is fine");
+        let errors: Vec<_> = lazy.changes().map(|c| c.unwrap_err()).collect();
+        assert_eq!(errors[0].index(), Some(0));
+        assert_eq!(errors[1].index(), Some(1));
+        assert!(errors[1].message().starts_with("cannot decode change 1: "));
+    }
+}

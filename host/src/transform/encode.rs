@@ -1,0 +1,495 @@
+//! Batches into the ABI's MessagePack, and result envelopes back out.
+//!
+//! Owns the host side of `docs/abi.md`: serialising a source batch straight
+//! from the host's representation (rows aligned with a shared relation, no
+//! per-row copies of names), serialising the output of one module as the
+//! input of the next, and resolving a result envelope — kept input indexes
+//! and new changes — against the input it answers.
+
+use std::sync::Arc;
+
+use datum_guest::wire::{self, Change as WireChange, Column as WireColumn, Envelope, Output};
+use datum_guest::{Txn, Value};
+use serde::ser::{SerializeMap, SerializeSeq};
+use serde::{Serialize, Serializer};
+
+use super::TransformError;
+use crate::batch::{Batch, Change, Column, OldRow, Relation};
+
+/// One change of a transformed batch: a source change passed through
+/// unchanged (by index, never copied), or a change a module made.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Item {
+    /// `source.changes[i]`.
+    Source(usize),
+    /// A module's change.
+    Wire(Box<WireChange>),
+}
+
+/// A change of a transformed batch, borrowed.
+#[derive(Debug, Clone, Copy)]
+pub enum ChangeRef<'a> {
+    /// A source change.
+    Source(&'a Change),
+    /// A module's change.
+    Wire(&'a WireChange),
+}
+
+impl ChangeRef<'_> {
+    /// The change in the event model's shape.
+    pub fn to_wire(&self) -> WireChange {
+        match self {
+            ChangeRef::Source(change) => to_wire(change),
+            ChangeRef::Wire(change) => (*change).clone(),
+        }
+    }
+}
+
+impl Serialize for ChangeRef<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            ChangeRef::Source(change) => HostChange(change).serialize(serializer),
+            ChangeRef::Wire(change) => change.serialize(serializer),
+        }
+    }
+}
+
+/// Encodes the input envelope `{txn, changes}` for a call.
+pub fn encode_input<'a>(
+    txn: &Txn,
+    changes: impl ExactSizeIterator<Item = ChangeRef<'a>> + Clone,
+) -> Result<Vec<u8>, TransformError> {
+    struct Changes<I>(I);
+    impl<'a, I: ExactSizeIterator<Item = ChangeRef<'a>> + Clone> Serialize for Changes<I> {
+        fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            let iter = self.0.clone();
+            let mut seq = serializer.serialize_seq(Some(iter.len()))?;
+            for change in iter {
+                seq.serialize_element(&change)?;
+            }
+            seq.end()
+        }
+    }
+    struct Input<'t, I> {
+        txn: &'t Txn,
+        changes: Changes<I>,
+    }
+    impl<'a, I: ExactSizeIterator<Item = ChangeRef<'a>> + Clone> Serialize for Input<'_, I> {
+        fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            let mut map = serializer.serialize_map(Some(2))?;
+            map.serialize_entry("txn", self.txn)?;
+            map.serialize_entry("changes", &self.changes)?;
+            map.end()
+        }
+    }
+    wire::to_msgpack(&Input {
+        txn,
+        changes: Changes(changes),
+    })
+    .map_err(|e| TransformError::InvalidOutput(format!("encoding the batch: {e}")))
+}
+
+/// Resolves a result envelope against the `input` items it answers.
+pub fn decode_output(
+    bytes: &[u8],
+    input: &[Item],
+    source: &Batch,
+) -> Result<Vec<Item>, TransformError> {
+    let envelope: Envelope = wire::from_msgpack(bytes).map_err(|e| {
+        TransformError::InvalidOutput(format!("the result envelope is not valid MessagePack: {e}"))
+    })?;
+    let outputs = match envelope {
+        Envelope::Error { error } => {
+            return Err(TransformError::Guest {
+                message: error.message,
+                index: error.index,
+            });
+        }
+        Envelope::Changes { changes } => changes,
+        Envelope::Ok {} => {
+            return Err(TransformError::InvalidOutput(
+                "the result envelope has neither `changes` nor `error`".into(),
+            ));
+        }
+    };
+    outputs
+        .into_iter()
+        .map(|output| match output {
+            Output::Keep(index) => input.get(index as usize).cloned().ok_or_else(|| {
+                TransformError::InvalidOutput(format!(
+                    "kept change {index}, but the batch has {} changes",
+                    input.len()
+                ))
+            }),
+            Output::Change(mut change) => {
+                if change.columns.is_empty() {
+                    change.columns = infer_columns(&change, input, source);
+                }
+                Ok(Item::Wire(change))
+            }
+        })
+        .collect()
+}
+
+/// Columns for a module's change that gave none: the input's columns of the
+/// same table, restricted to and ordered as the keys of its row.
+fn infer_columns(change: &WireChange, input: &[Item], source: &Batch) -> Vec<WireColumn> {
+    let Some(row) = change.new.as_ref().or(change.old.as_ref()) else {
+        return Vec::new();
+    };
+    let known: Option<Vec<WireColumn>> = input.iter().find_map(|item| match item {
+        Item::Source(i) => source.changes.get(*i).and_then(|c| match c {
+            Change::Insert { relation, .. }
+            | Change::Update { relation, .. }
+            | Change::Delete { relation, .. }
+                if relation.schema == change.schema && relation.table == change.table =>
+            {
+                Some(relation.columns.iter().map(wire_column).collect())
+            }
+            _ => None,
+        }),
+        Item::Wire(c) if c.schema == change.schema && c.table == change.table => {
+            Some(c.columns.clone())
+        }
+        Item::Wire(_) => None,
+    });
+    row.names()
+        .map(|name| {
+            known
+                .as_ref()
+                .and_then(|cols| cols.iter().find(|c| c.name == name).cloned())
+                .unwrap_or_else(|| WireColumn {
+                    name: name.to_owned(),
+                    type_name: "unknown".into(),
+                    key: false,
+                })
+        })
+        .collect()
+}
+
+fn wire_column(column: &Column) -> WireColumn {
+    WireColumn {
+        name: column.name.clone(),
+        type_name: column.type_name.clone(),
+        key: column.key,
+    }
+}
+
+fn wire_row(relation: &Relation, values: &[Value], key_only: bool) -> wire::Row {
+    wire::Row::from_fields(
+        relation
+            .columns
+            .iter()
+            .zip(values)
+            .filter(|(c, _)| !key_only || c.key)
+            .map(|(c, v)| (c.name.clone(), v.clone()))
+            .collect(),
+    )
+}
+
+/// A source change in the event model's shape (names copied per row: for
+/// sinks and tests, not the transform hot path).
+pub fn to_wire(change: &Change) -> WireChange {
+    use datum_guest::Op;
+    let row_change = |op, relation: &Arc<Relation>| {
+        let mut c = WireChange::new(op, relation.schema.clone(), relation.table.clone());
+        c.columns = relation.columns.iter().map(wire_column).collect();
+        c
+    };
+    match change {
+        Change::Insert { relation, new } => {
+            let mut c = row_change(Op::Insert, relation);
+            c.new = Some(wire_row(relation, new, false));
+            c
+        }
+        Change::Update { relation, old, new } => {
+            let mut c = row_change(Op::Update, relation);
+            c.new = Some(wire_row(relation, new, false));
+            c.old = old
+                .as_ref()
+                .map(|o| wire_row(relation, &o.values, o.key_only));
+            c
+        }
+        Change::Delete { relation, old } => {
+            let mut c = row_change(Op::Delete, relation);
+            c.old = Some(wire_row(relation, &old.values, old.key_only));
+            c
+        }
+        Change::Truncate {
+            relations,
+            cascade,
+            restart_identity,
+        } => {
+            let first = relations.first();
+            let mut c = WireChange::new(
+                Op::Truncate,
+                first.map(|r| r.schema.clone()).unwrap_or_default(),
+                first.map(|r| r.table.clone()).unwrap_or_default(),
+            );
+            c.truncate = Some(wire::Truncate {
+                tables: relations
+                    .iter()
+                    .map(|r| wire::TableName {
+                        schema: r.schema.clone(),
+                        table: r.table.clone(),
+                    })
+                    .collect(),
+                cascade: *cascade,
+                restart_identity: *restart_identity,
+            });
+            c
+        }
+        Change::Message {
+            transactional,
+            prefix,
+            content,
+            ..
+        } => {
+            let mut c = WireChange::new(Op::Message, "", "");
+            c.message = Some(wire::LogicalMessage {
+                prefix: prefix.clone(),
+                content: content.clone(),
+                transactional: *transactional,
+            });
+            c
+        }
+    }
+}
+
+/// Serialises a host change in the wire shape without copying it.
+struct HostChange<'a>(&'a Change);
+
+struct Columns<'a>(&'a [Column]);
+
+impl Serialize for Columns<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Col<'a> {
+            name: &'a str,
+            #[serde(rename = "type")]
+            type_name: &'a str,
+            key: bool,
+        }
+        let mut seq = serializer.serialize_seq(Some(self.0.len()))?;
+        for c in self.0 {
+            seq.serialize_element(&Col {
+                name: &c.name,
+                type_name: &c.type_name,
+                key: c.key,
+            })?;
+        }
+        seq.end()
+    }
+}
+
+struct RowRef<'a> {
+    columns: &'a [Column],
+    values: &'a [Value],
+    key_only: bool,
+}
+
+impl Serialize for RowRef<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let len = if self.key_only {
+            self.columns.iter().filter(|c| c.key).count()
+        } else {
+            self.columns.len().min(self.values.len())
+        };
+        let mut map = serializer.serialize_map(Some(len))?;
+        for (column, value) in self.columns.iter().zip(self.values) {
+            if !self.key_only || column.key {
+                map.serialize_entry(&column.name, value)?;
+            }
+        }
+        map.end()
+    }
+}
+
+fn old_ref<'a>(relation: &'a Relation, old: &'a OldRow) -> RowRef<'a> {
+    RowRef {
+        columns: &relation.columns,
+        values: &old.values,
+        key_only: old.key_only,
+    }
+}
+
+impl Serialize for HostChange<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        // MessagePack wants a map's length up front.
+        let len = match self.0 {
+            Change::Update { old: Some(_), .. } => 6,
+            Change::Insert { .. } | Change::Update { .. } | Change::Delete { .. } => 5,
+            Change::Truncate { .. } | Change::Message { .. } => {
+                // Rare: not worth a borrowed form.
+                return to_wire(self.0).serialize(serializer);
+            }
+        };
+        let mut map = serializer.serialize_map(Some(len))?;
+        match self.0 {
+            Change::Insert { relation, new } => {
+                map.serialize_entry("op", "insert")?;
+                map.serialize_entry("schema", &relation.schema)?;
+                map.serialize_entry("table", &relation.table)?;
+                map.serialize_entry("columns", &Columns(&relation.columns))?;
+                map.serialize_entry(
+                    "new",
+                    &RowRef {
+                        columns: &relation.columns,
+                        values: new,
+                        key_only: false,
+                    },
+                )?;
+            }
+            Change::Update { relation, old, new } => {
+                map.serialize_entry("op", "update")?;
+                map.serialize_entry("schema", &relation.schema)?;
+                map.serialize_entry("table", &relation.table)?;
+                map.serialize_entry("columns", &Columns(&relation.columns))?;
+                map.serialize_entry(
+                    "new",
+                    &RowRef {
+                        columns: &relation.columns,
+                        values: new,
+                        key_only: false,
+                    },
+                )?;
+                if let Some(old) = old {
+                    map.serialize_entry("old", &old_ref(relation, old))?;
+                }
+            }
+            Change::Delete { relation, old } => {
+                map.serialize_entry("op", "delete")?;
+                map.serialize_entry("schema", &relation.schema)?;
+                map.serialize_entry("table", &relation.table)?;
+                map.serialize_entry("columns", &Columns(&relation.columns))?;
+                map.serialize_entry("old", &old_ref(relation, old))?;
+            }
+            Change::Truncate { .. } | Change::Message { .. } => {}
+        }
+        map.end()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::ReplicaIdentity;
+    use crate::source::TypeKind;
+
+    fn relation() -> Arc<Relation> {
+        let column = |name: &str, type_name: &str, key| Column {
+            name: name.into(),
+            type_oid: 0,
+            type_name: type_name.into(),
+            type_modifier: -1,
+            key,
+            kind: TypeKind::Text,
+        };
+        Arc::new(Relation {
+            oid: 1,
+            schema: "public".into(),
+            table: "users".into(),
+            replica_identity: ReplicaIdentity::Default,
+            columns: vec![column("id", "int4", true), column("email", "text", false)],
+        })
+    }
+
+    fn batch() -> Batch {
+        let relation = relation();
+        Batch {
+            txn: Txn {
+                xid: 9,
+                commit_lsn: 100,
+                end_lsn: 108,
+                commit_time: 5,
+                chunk: 0,
+                last: true,
+            },
+            changes: vec![
+                Change::Insert {
+                    relation: relation.clone(),
+                    new: vec![Value::Int(1), Value::Text("a@b".into())],
+                },
+                Change::Update {
+                    relation: relation.clone(),
+                    old: Some(OldRow {
+                        key_only: true,
+                        values: vec![Value::Int(1), Value::Null],
+                    }),
+                    new: vec![Value::Int(2), Value::Unchanged],
+                },
+                Change::Delete {
+                    relation,
+                    old: OldRow {
+                        key_only: true,
+                        values: vec![Value::Int(2), Value::Null],
+                    },
+                },
+            ],
+            bytes: 0,
+        }
+    }
+
+    #[test]
+    fn the_borrowed_encoding_equals_the_event_model() {
+        let batch = batch();
+        let bytes =
+            encode_input(&batch.txn, batch.changes.iter().map(ChangeRef::Source)).expect("encode");
+        let decoded: wire::Batch = wire::from_msgpack(&bytes).expect("decode");
+        let expected: Vec<WireChange> = batch.changes.iter().map(to_wire).collect();
+        assert_eq!(decoded.txn, batch.txn);
+        assert_eq!(decoded.changes, expected);
+        // A key-only old row carries only the key.
+        assert_eq!(
+            decoded.changes[2]
+                .old
+                .as_ref()
+                .map(|r| r.names().collect::<Vec<_>>()),
+            Some(vec!["id"])
+        );
+    }
+
+    #[test]
+    fn outputs_resolve_against_their_input() {
+        let batch = batch();
+        let input: Vec<Item> = (0..3).map(Item::Source).collect();
+        let mut made = WireChange::new(datum_guest::Op::Insert, "public", "users");
+        made.new = Some(wire::Row::from_fields(vec![("email".into(), "x".into())]));
+        let envelope = Envelope::Changes {
+            changes: vec![
+                Output::Keep(2),
+                Output::Change(Box::new(made)),
+                Output::Keep(0),
+            ],
+        };
+        let out = decode_output(
+            &wire::to_msgpack(&envelope).expect("encode"),
+            &input,
+            &batch,
+        )
+        .expect("decode");
+        assert_eq!(out[0], Item::Source(2));
+        assert_eq!(out[2], Item::Source(0));
+        let Item::Wire(made) = &out[1] else {
+            panic!("{:?}", out[1])
+        };
+        assert_eq!(
+            made.columns,
+            vec![WireColumn {
+                name: "email".into(),
+                type_name: "text".into(),
+                key: false
+            }],
+            "columns inferred from the input's table"
+        );
+
+        let bad = Envelope::Changes {
+            changes: vec![Output::Keep(3)],
+        };
+        let err = decode_output(&wire::to_msgpack(&bad).expect("encode"), &input, &batch)
+            .expect_err("out of range");
+        assert_eq!(err.kind(), "invalid_output");
+        let err = decode_output(b"\xc1", &input, &batch).expect_err("garbage");
+        assert_eq!(err.kind(), "invalid_output");
+    }
+}

@@ -1,0 +1,150 @@
+//! The WebAssembly transform runtime: modules written against ABI v1
+//! (`docs/abi.md`), run sandboxed, one call per batch.
+//!
+//! Owns one wasmtime engine per host (cranelift, pooling allocator, epoch
+//! interruption, optional fuel), compiling and pre-linking modules
+//! ([`engine`], [`module`]), the sandbox they run in ([`sandbox`]), the
+//! encoding of batches and decoding of results ([`encode`]), and chains of
+//! modules ([`chain`]).
+//!
+//! Every call is bounded — CPU time by an epoch deadline, optionally fuel,
+//! memory by a store limiter, input and output sizes, the wasm stack — and
+//! every breach is a [`TransformError`] of its own kind. An instance that
+//! trapped or breached a limit is discarded and the next call gets a fresh
+//! one. The host never trusts a pointer or length a module returns, and never
+//! panics, hangs or grows without bound because of a module.
+//!
+//! It does not own what happens after a failure (the pipeline's `on_error`),
+//! nor where modules come from (configuration, hot swap).
+
+pub mod chain;
+pub mod encode;
+pub mod engine;
+pub mod module;
+mod sandbox;
+
+use std::time::Duration;
+
+pub use chain::{Chain, Transformed};
+pub use engine::Engine;
+pub use module::{Instance, Module};
+
+/// Per-module limits, with safe defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// CPU time per call.
+    pub timeout: Duration,
+    /// Fuel per call (instructions, roughly), when the engine meters fuel.
+    pub fuel: Option<u64>,
+    /// Linear memory, in bytes.
+    pub memory: usize,
+    /// Largest input envelope, in bytes.
+    pub max_input: usize,
+    /// Largest output envelope, in bytes.
+    pub max_output: usize,
+    /// Largest module file, in bytes.
+    pub max_module: usize,
+    /// Bytes of stdout and of stderr kept per call.
+    pub max_log: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            timeout: Duration::from_secs(1),
+            fuel: None,
+            memory: 64 << 20,
+            max_input: 64 << 20,
+            max_output: 64 << 20,
+            max_module: 10 << 20,
+            max_log: 64 << 10,
+        }
+    }
+}
+
+/// Why a module could not be loaded or did not transform a batch.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransformError {
+    /// The file is larger than `max_module`.
+    #[error("module is {size} bytes, over the {limit}-byte limit (raise max_module_bytes)")]
+    ModuleTooLarge {
+        /// Its size.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// Not valid WebAssembly, or it imports what the host does not provide.
+    #[error("module does not load: {0}")]
+    Invalid(String),
+    /// Exports do not follow ABI v1.
+    #[error("module does not follow ABI v1: {0}")]
+    AbiMismatch(String),
+    /// `datum_init` refused the configuration.
+    #[error("module initialisation failed: {0}")]
+    Init(String),
+    /// The call ran past its CPU time.
+    #[error("module ran past its {0:?} time limit")]
+    Timeout(Duration),
+    /// The call ran out of fuel.
+    #[error("module ran out of fuel ({0} units)")]
+    OutOfFuel(u64),
+    /// The module tried to grow its memory past the limit.
+    #[error("module tried to use more than {0} bytes of memory")]
+    OutOfMemory(usize),
+    /// The module trapped (a panic, `unreachable`, a stack overflow, ...).
+    #[error("module trapped: {message}{}", backtrace.as_deref().map(|b| format!("\n{b}")).unwrap_or_default())]
+    Trap {
+        /// The trap, with the guest's panic message when it recorded one.
+        message: String,
+        /// The wasm backtrace, when available.
+        backtrace: Option<String>,
+    },
+    /// The module answered with something that is not a valid envelope, or a
+    /// pointer outside its memory.
+    #[error("module returned invalid output: {0}")]
+    InvalidOutput(String),
+    /// The batch's envelope is larger than `max_input`.
+    #[error("batch is {size} bytes encoded, over the {limit}-byte input limit")]
+    InputTooLarge {
+        /// Its size.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The module's output is larger than `max_output`.
+    #[error("module output is {size} bytes, over the {limit}-byte output limit")]
+    OutputTooLarge {
+        /// Its size.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The module reported an error for the batch.
+    #[error("module error{}: {message}", index.map(|i| format!(" at change {i}")).unwrap_or_default())]
+    Guest {
+        /// Its message.
+        message: String,
+        /// The input change at fault, if known.
+        index: Option<u32>,
+    },
+}
+
+impl TransformError {
+    /// A short, stable name for the kind of failure (metrics, golden files).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            TransformError::ModuleTooLarge { .. } => "module_too_large",
+            TransformError::Invalid(_) => "invalid_module",
+            TransformError::AbiMismatch(_) => "abi_mismatch",
+            TransformError::Init(_) => "init_failed",
+            TransformError::Timeout(_) => "timeout",
+            TransformError::OutOfFuel(_) => "out_of_fuel",
+            TransformError::OutOfMemory(_) => "out_of_memory",
+            TransformError::Trap { .. } => "trap",
+            TransformError::InvalidOutput(_) => "invalid_output",
+            TransformError::InputTooLarge { .. } => "input_too_large",
+            TransformError::OutputTooLarge { .. } => "output_too_large",
+            TransformError::Guest { .. } => "guest_error",
+        }
+    }
+}

@@ -1,0 +1,561 @@
+//! A compiled, checked, pre-linked module, and the instance that runs it.
+//!
+//! Owns loading (size limit, compilation, ABI v1 exports, linking WASI
+//! preview 1 and nothing else), instantiation (reactor initialiser,
+//! `datum_init` with the module's configuration), and one call: copying the
+//! input in through `datum_alloc`, calling `datum_transform` under a deadline,
+//! copying the result out through bounds-checked reads, and classifying any
+//! failure. An instance is reused across calls and discarded after any trap
+//! or limit breach.
+
+use std::sync::Arc;
+
+use wasmtime::{
+    ExternType, InstancePre, Linker, Memory, Store, StoreLimits, StoreLimitsBuilder, TypedFunc,
+    ValType,
+};
+use wasmtime_wasi::p1::WasiP1Ctx;
+
+use super::engine::Engine;
+use super::sandbox::{CallEnv, Capture, wasi_ctx};
+use super::{Limits, TransformError};
+
+pub(crate) struct Ctx {
+    wasi: WasiP1Ctx,
+    limits: StoreLimits,
+}
+
+/// A loaded module. Cheap to clone.
+#[derive(Clone)]
+pub struct Module {
+    inner: Arc<ModuleInner>,
+}
+
+struct ModuleInner {
+    name: String,
+    engine: Engine,
+    pre: InstancePre<Ctx>,
+    limits: Limits,
+    config: Vec<u8>,
+    sha256: String,
+    has_init: bool,
+    has_panic_message: bool,
+    has_initialize: bool,
+}
+
+impl std::fmt::Debug for Module {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Module")
+            .field("name", &self.inner.name)
+            .field("sha256", &self.inner.sha256)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a call needs to know about its batch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CallMeta {
+    /// The batch's commit time, µs since the Unix epoch: every clock reads it.
+    pub commit_time: i64,
+    /// The batch's commit LSN: seeds randomness, tags log lines.
+    pub commit_lsn: u64,
+    /// The chunk number: seeds randomness too.
+    pub chunk: u32,
+}
+
+/// What a call used.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CallStats {
+    /// Fuel consumed, when the engine meters it.
+    pub fuel: Option<u64>,
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(bytes);
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn signature(ty: &wasmtime::FuncType) -> (Vec<ValType>, Vec<ValType>) {
+    (ty.params().collect(), ty.results().collect())
+}
+
+fn same(a: &[ValType], b: &[ValType]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| ValType::eq(x, y))
+}
+
+impl Module {
+    /// Compiles and checks `wasm` (binary, or text in tests). `config` is the
+    /// MessagePack map handed to `datum_init`.
+    pub fn new(
+        engine: &Engine,
+        name: &str,
+        wasm: &[u8],
+        limits: Limits,
+        config: Vec<u8>,
+    ) -> Result<Module, TransformError> {
+        if wasm.len() > limits.max_module {
+            return Err(TransformError::ModuleTooLarge {
+                size: wasm.len(),
+                limit: limits.max_module,
+            });
+        }
+        let module = wasmtime::Module::new(&engine.inner, wasm)
+            .map_err(|e| TransformError::Invalid(format!("{e:#}")))?;
+        let exports = check_exports(&module)?;
+
+        let mut linker: Linker<Ctx> = Linker::new(&engine.inner);
+        wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |ctx: &mut Ctx| &mut ctx.wasi)
+            .map_err(|e| TransformError::Invalid(format!("linking WASI: {e:#}")))?;
+        let pre = linker.instantiate_pre(&module).map_err(|e| {
+            TransformError::Invalid(format!(
+                "{e:#} (a module may import only WASI preview 1 functions)"
+            ))
+        })?;
+        Ok(Module {
+            inner: Arc::new(ModuleInner {
+                name: name.to_owned(),
+                engine: engine.clone(),
+                pre,
+                limits,
+                config,
+                sha256: sha256_hex(wasm),
+                has_init: exports.init,
+                has_panic_message: exports.panic_message,
+                has_initialize: exports.initialize,
+            }),
+        })
+    }
+
+    /// The module's name, as logs and errors show it.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The SHA-256 of the module's bytes, in hex.
+    pub fn sha256(&self) -> &str {
+        &self.inner.sha256
+    }
+
+    /// The module's limits.
+    pub fn limits(&self) -> Limits {
+        self.inner.limits
+    }
+
+    /// An instance slot; the instance itself is created on first use.
+    pub fn instance(&self) -> Instance {
+        Instance {
+            module: self.clone(),
+            live: None,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Exports {
+    init: bool,
+    panic_message: bool,
+    initialize: bool,
+}
+
+fn check_exports(module: &wasmtime::Module) -> Result<Exports, TransformError> {
+    use ValType::{I32, I64};
+    let required: [(&str, &[ValType], &[ValType]); 4] = [
+        ("datum_abi_v1", &[], &[]),
+        ("datum_alloc", &[I32], &[I32]),
+        ("datum_dealloc", &[I32, I32], &[]),
+        ("datum_transform", &[I32, I32], &[I64]),
+    ];
+    let optional: [(&str, &[ValType], &[ValType]); 3] = [
+        ("datum_init", &[I32, I32], &[I64]),
+        ("datum_panic_message", &[], &[I64]),
+        ("_initialize", &[], &[]),
+    ];
+    let mut found = Exports::default();
+    let mut has_memory = false;
+    let mut seen = std::collections::HashMap::new();
+    let mut other_versions = Vec::new();
+    for export in module.exports() {
+        match export.ty() {
+            ExternType::Func(ty) => {
+                seen.insert(export.name().to_owned(), signature(&ty));
+            }
+            ExternType::Memory(_) if export.name() == "memory" => has_memory = true,
+            _ => {}
+        }
+        if let Some(version) = export.name().strip_prefix("datum_abi_v")
+            && version != "1"
+        {
+            other_versions.push(format!("v{version}"));
+        }
+    }
+    if !seen.contains_key("datum_abi_v1") && !other_versions.is_empty() {
+        return Err(TransformError::AbiMismatch(format!(
+            "the module speaks ABI {}, this host loads v1: rebuild it with a matching SDK",
+            other_versions.join(", ")
+        )));
+    }
+    for (name, params, results) in required {
+        match seen.get(name) {
+            None => {
+                return Err(TransformError::AbiMismatch(format!(
+                    "missing export `{name}` (see docs/abi.md; with the Rust SDK, annotate one \
+                     function with #[filter], #[map], #[flat_map] or #[transform])"
+                )));
+            }
+            Some((p, r)) if !same(p, params) || !same(r, results) => {
+                return Err(TransformError::AbiMismatch(format!(
+                    "export `{name}` has signature {p:?} -> {r:?}, expected {params:?} -> {results:?}"
+                )));
+            }
+            Some(_) => {}
+        }
+    }
+    if !has_memory {
+        return Err(TransformError::AbiMismatch(
+            "missing exported memory `memory`".into(),
+        ));
+    }
+    for (name, params, results) in optional {
+        if let Some((p, r)) = seen.get(name) {
+            if !same(p, params) || !same(r, results) {
+                return Err(TransformError::AbiMismatch(format!(
+                    "export `{name}` has signature {p:?} -> {r:?}, expected {params:?} -> {results:?}"
+                )));
+            }
+            match name {
+                "datum_init" => found.init = true,
+                "datum_panic_message" => found.panic_message = true,
+                _ => found.initialize = true,
+            }
+        }
+    }
+    Ok(found)
+}
+
+struct Live {
+    store: Store<Ctx>,
+    memory: Memory,
+    alloc: TypedFunc<i32, i32>,
+    dealloc: TypedFunc<(i32, i32), ()>,
+    transform: TypedFunc<(i32, i32), i64>,
+    panic_message: Option<TypedFunc<(), i64>>,
+    env: Arc<CallEnv>,
+    stdout: Capture,
+    stderr: Capture,
+}
+
+/// A module's instance slot: created on first use, reused across calls,
+/// discarded after a trap or a limit breach.
+pub struct Instance {
+    module: Module,
+    live: Option<Live>,
+}
+
+impl std::fmt::Debug for Instance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Instance")
+            .field("module", &self.module.inner.name)
+            .field("live", &self.live.is_some())
+            .finish()
+    }
+}
+
+impl Instance {
+    /// The module this instance runs.
+    pub fn module(&self) -> &Module {
+        &self.module
+    }
+
+    /// Whether a live instance exists (false after a failure, until the
+    /// next call creates one).
+    pub fn is_live(&self) -> bool {
+        self.live.is_some()
+    }
+
+    /// Transforms one encoded batch; returns the encoded result envelope.
+    pub fn call(
+        &mut self,
+        input: &[u8],
+        meta: CallMeta,
+    ) -> Result<(Vec<u8>, CallStats), TransformError> {
+        let limits = self.module.inner.limits;
+        if input.len() > limits.max_input {
+            return Err(TransformError::InputTooLarge {
+                size: input.len(),
+                limit: limits.max_input,
+            });
+        }
+        if self.live.is_none() {
+            self.live = Some(self.instantiate()?);
+        }
+        let result = self.call_live(input, meta);
+        self.forward_logs(meta);
+        match result {
+            Ok(output) => Ok(output),
+            Err(err) => {
+                // Whatever state the instance is in, it is not trusted again.
+                self.live = None;
+                Err(err)
+            }
+        }
+    }
+
+    fn instantiate(&self) -> Result<Live, TransformError> {
+        let inner = &self.module.inner;
+        let env = Arc::new(CallEnv::default());
+        let stdout = Capture::new(inner.limits.max_log);
+        let stderr = Capture::new(inner.limits.max_log);
+        let ctx = Ctx {
+            wasi: wasi_ctx(&env, &stdout, &stderr),
+            limits: StoreLimitsBuilder::new()
+                .memory_size(inner.limits.memory)
+                .instances(1)
+                .memories(1)
+                .tables(4)
+                .trap_on_grow_failure(true)
+                .build(),
+        };
+        let mut store = Store::new(&inner.engine.inner, ctx);
+        store.limiter(|ctx| &mut ctx.limits);
+        arm(&mut store, &inner.engine, inner.limits);
+        let instance = inner
+            .pre
+            .instantiate(&mut store)
+            .map_err(|e| classify(e, inner.limits, None))?;
+        let func_err = |e: wasmtime::Error| TransformError::AbiMismatch(format!("{e:#}"));
+        let memory = instance
+            .get_memory(&mut store, "memory")
+            .ok_or_else(|| TransformError::AbiMismatch("missing exported memory".into()))?;
+        let alloc = instance
+            .get_typed_func::<i32, i32>(&mut store, "datum_alloc")
+            .map_err(func_err)?;
+        let dealloc = instance
+            .get_typed_func::<(i32, i32), ()>(&mut store, "datum_dealloc")
+            .map_err(func_err)?;
+        let transform = instance
+            .get_typed_func::<(i32, i32), i64>(&mut store, "datum_transform")
+            .map_err(func_err)?;
+        let panic_message = if inner.has_panic_message {
+            Some(
+                instance
+                    .get_typed_func::<(), i64>(&mut store, "datum_panic_message")
+                    .map_err(func_err)?,
+            )
+        } else {
+            None
+        };
+        let mut live = Live {
+            store,
+            memory,
+            alloc,
+            dealloc,
+            transform,
+            panic_message,
+            env,
+            stdout,
+            stderr,
+        };
+        if inner.has_initialize {
+            let init = instance
+                .get_typed_func::<(), ()>(&mut live.store, "_initialize")
+                .map_err(func_err)?;
+            init.call(&mut live.store, ())
+                .map_err(|e| classify(e, inner.limits, None))?;
+        }
+        if inner.has_init {
+            let init = instance
+                .get_typed_func::<(i32, i32), i64>(&mut live.store, "datum_init")
+                .map_err(func_err)?;
+            arm(&mut live.store, &inner.engine, inner.limits);
+            let (ptr, len) = write_input(&mut live, &inner.config)?;
+            let packed = init
+                .call(&mut live.store, (ptr, len))
+                .map_err(|e| classify(e, inner.limits, None))?;
+            if packed != 0 {
+                let bytes = read_output(&mut live, packed, inner.limits)?;
+                match datum_guest::wire::from_msgpack::<datum_guest::Envelope>(&bytes) {
+                    Ok(datum_guest::Envelope::Error { error }) => {
+                        return Err(TransformError::Init(error.message));
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        return Err(TransformError::InvalidOutput(format!(
+                            "datum_init returned an unreadable envelope: {e}"
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(live)
+    }
+
+    fn call_live(
+        &mut self,
+        input: &[u8],
+        meta: CallMeta,
+    ) -> Result<(Vec<u8>, CallStats), TransformError> {
+        let inner = &self.module.inner;
+        let limits = inner.limits;
+        let Some(live) = self.live.as_mut() else {
+            return Err(TransformError::Invalid("no instance".into()));
+        };
+        live.env.prepare(meta.commit_time, seed(&inner.name, meta));
+        arm(&mut live.store, &inner.engine, limits);
+        let fuel_before = live.store.get_fuel().ok();
+        let (ptr, len) = write_input(live, input)?;
+        let packed = match live.transform.call(&mut live.store, (ptr, len)) {
+            Ok(packed) => packed,
+            Err(e) => {
+                let panic = live
+                    .panic_message
+                    .clone()
+                    .and_then(|f| panic_message(&mut live.store, live.memory, f));
+                return Err(classify(e, limits, panic));
+            }
+        };
+        let output = read_output(live, packed, limits)?;
+        let fuel = match (fuel_before, live.store.get_fuel().ok()) {
+            (Some(before), Some(after)) if inner.engine.meters_fuel() => {
+                Some(before.saturating_sub(after))
+            }
+            _ => None,
+        };
+        Ok((output, CallStats { fuel }))
+    }
+
+    fn forward_logs(&self, meta: CallMeta) {
+        let Some(live) = self.live.as_ref() else {
+            return;
+        };
+        let name = &self.module.inner.name;
+        let lsn = crate::source::Lsn(meta.commit_lsn);
+        for (stream, capture) in [("stdout", &live.stdout), ("stderr", &live.stderr)] {
+            let captured = capture.drain();
+            if captured.bytes.is_empty() && captured.dropped == 0 {
+                continue;
+            }
+            for line in String::from_utf8_lossy(&captured.bytes).lines() {
+                tracing::info!(module = %name, %lsn, stream, "{line}");
+            }
+            if captured.dropped > 0 {
+                tracing::warn!(module = %name, %lsn, stream, dropped = captured.dropped, "module output over the cap was dropped");
+            }
+        }
+    }
+}
+
+/// Sets the call's deadline and fuel.
+fn arm(store: &mut Store<Ctx>, engine: &Engine, limits: Limits) {
+    store.set_epoch_deadline(Engine::deadline_ticks(limits.timeout));
+    store.epoch_deadline_trap();
+    if engine.meters_fuel() {
+        let _ = store.set_fuel(limits.fuel.unwrap_or(u64::MAX));
+    }
+}
+
+/// Deterministic per batch and module.
+fn seed(name: &str, meta: CallMeta) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+    }
+    h ^ meta.commit_lsn.rotate_left(17) ^ u64::from(meta.chunk).rotate_left(49)
+}
+
+fn write_input(live: &mut Live, input: &[u8]) -> Result<(i32, i32), TransformError> {
+    let len = i32::try_from(input.len()).map_err(|_| TransformError::InputTooLarge {
+        size: input.len(),
+        limit: i32::MAX as usize,
+    })?;
+    let limits_unknown = Limits::default();
+    let ptr = live
+        .alloc
+        .call(&mut live.store, len)
+        .map_err(|e| classify(e, limits_unknown, None))?;
+    if ptr == 0 && len > 0 {
+        return Err(TransformError::InvalidOutput(
+            "datum_alloc returned a null pointer".into(),
+        ));
+    }
+    let start = ptr as u32 as usize;
+    live.memory
+        .write(&mut live.store, start, input)
+        .map_err(|_| {
+            TransformError::InvalidOutput(format!(
+                "datum_alloc returned {start}, and {} bytes from there lie outside the module's \
+                 memory",
+                input.len()
+            ))
+        })?;
+    Ok((ptr, len))
+}
+
+fn read_output(live: &mut Live, packed: i64, limits: Limits) -> Result<Vec<u8>, TransformError> {
+    let packed = packed as u64;
+    let ptr = (packed >> 32) as usize;
+    let len = (packed & 0xffff_ffff) as usize;
+    if len > limits.max_output {
+        return Err(TransformError::OutputTooLarge {
+            size: len,
+            limit: limits.max_output,
+        });
+    }
+    let data = live.memory.data(&live.store);
+    let Some(bytes) = ptr.checked_add(len).and_then(|end| data.get(ptr..end)) else {
+        return Err(TransformError::InvalidOutput(format!(
+            "the result ({len} bytes at {ptr}) lies outside the module's {}-byte memory",
+            data.len()
+        )));
+    };
+    let output = bytes.to_vec();
+    live.dealloc
+        .call(&mut live.store, (ptr as i32, len as i32))
+        .map_err(|e| classify(e, limits, None))?;
+    Ok(output)
+}
+
+/// Asks a trapped instance for its panic message, carefully: it may trap
+/// again, or return garbage.
+fn panic_message(store: &mut Store<Ctx>, memory: Memory, f: TypedFunc<(), i64>) -> Option<String> {
+    store.set_epoch_deadline(2);
+    let packed = f.call(&mut *store, ()).ok()? as u64;
+    if packed == 0 {
+        return None;
+    }
+    let (ptr, len) = ((packed >> 32) as usize, (packed & 0xffff_ffff) as usize);
+    let bytes = memory
+        .data(&*store)
+        .get(ptr..ptr.checked_add(len.min(4096))?)?;
+    Some(String::from_utf8_lossy(bytes).into_owned())
+}
+
+fn classify(err: wasmtime::Error, limits: Limits, panic: Option<String>) -> TransformError {
+    if let Some(trap) = err.downcast_ref::<wasmtime::Trap>() {
+        match trap {
+            wasmtime::Trap::Interrupt => return TransformError::Timeout(limits.timeout),
+            wasmtime::Trap::OutOfFuel => {
+                return TransformError::OutOfFuel(limits.fuel.unwrap_or(0));
+            }
+            _ => {}
+        }
+    }
+    let text = format!("{err:#}");
+    if text.contains("forcing trap when growing memory")
+        || text.contains("forcing a memory growth failure")
+    {
+        return TransformError::OutOfMemory(limits.memory);
+    }
+    let backtrace = err
+        .downcast_ref::<wasmtime::WasmBacktrace>()
+        .map(|b| b.to_string());
+    let trap = err
+        .downcast_ref::<wasmtime::Trap>()
+        .map(|t| t.to_string())
+        .unwrap_or_else(|| err.root_cause().to_string());
+    let message = match panic {
+        Some(panic) => format!("{panic} ({trap})"),
+        None => trap,
+    };
+    TransformError::Trap { message, backtrace }
+}

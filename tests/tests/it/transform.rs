@@ -1,0 +1,323 @@
+//! The WebAssembly runtime against adversarial modules (WAT, built here) and
+//! the real example modules (built from `examples-wasm/`): every limit gives
+//! its own error kind, and the next good batch still runs.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use datum::batch::{Batch, Change, Column, Relation, ReplicaIdentity};
+use datum::transform::engine::EngineOptions;
+use datum::transform::{Chain, Engine, Limits, Module};
+use datum_guest::{Txn, Value};
+
+fn relation() -> Arc<Relation> {
+    Arc::new(Relation {
+        oid: 1,
+        schema: "public".into(),
+        table: "users".into(),
+        replica_identity: ReplicaIdentity::Default,
+        columns: vec![
+            Column::new("id", "int4", true),
+            Column::new("email", "text", false),
+        ],
+    })
+}
+
+/// A batch of `rows` inserts; one row encodes well under 600 bytes, ten well
+/// over.
+fn batch(rows: i64) -> Batch {
+    let relation = relation();
+    Batch {
+        txn: Txn {
+            xid: 1,
+            commit_lsn: 1000 + rows as u64,
+            end_lsn: 2000,
+            commit_time: 1_764_674_400_000_000,
+            chunk: 0,
+            last: true,
+        },
+        changes: (0..rows)
+            .map(|i| Change::Insert {
+                relation: relation.clone(),
+                new: vec![Value::Int(i), Value::Text(format!("user{i}@example.com"))],
+            })
+            .collect(),
+        bytes: 0,
+    }
+}
+
+const BAD: i64 = 10;
+const GOOD: i64 = 1;
+
+/// An ABI v1 module in WAT that answers `{"changes": []}` for small inputs
+/// and runs `bad` for inputs over 600 bytes. `extra` adds module fields.
+fn adversarial(bad: &str, extra: &str) -> String {
+    format!(
+        r#"(module
+  {extra}
+  (memory (export "memory") 2)
+  (global $heap (mut i32) (i32.const 4096))
+  (data (i32.const 16) "\81\a7changes\90")
+  (func (export "datum_abi_v1"))
+  (func (export "datum_alloc") (param $len i32) (result i32)
+    (local $p i32)
+    (local.set $p (global.get $heap))
+    (global.set $heap (i32.add (global.get $heap) (local.get $len)))
+    (local.get $p))
+  (func (export "datum_dealloc") (param i32 i32))
+  (func $bad (param $ptr i32) (param $len i32) (result i64)
+    {bad})
+  (func (export "datum_transform") (param $ptr i32) (param $len i32) (result i64)
+    (global.set $heap (i32.const 4096))
+    (if (i32.gt_u (local.get $len) (i32.const 600))
+      (then (return (call $bad (local.get $ptr) (local.get $len)))))
+    (i64.const 0x100000000a))
+)"#
+    )
+}
+
+fn engine() -> Engine {
+    Engine::new(EngineOptions::default()).expect("engine")
+}
+
+fn load(engine: &Engine, wat: &str, limits: Limits) -> Module {
+    Module::new(engine, "adversary", wat.as_bytes(), limits, vec![0x80]).expect("loads")
+}
+
+/// Runs a bad batch, expects `kind`, then a good batch that must succeed.
+fn assert_fails_then_recovers(module: &Module, kind: &str) -> String {
+    let mut chain = Chain::new(std::slice::from_ref(module));
+    let started = Instant::now();
+    let err = chain.run(batch(BAD)).expect_err("the bad batch fails");
+    assert_eq!(err.error.kind(), kind, "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the failure took {:?}",
+        started.elapsed()
+    );
+    let good = chain.run(batch(GOOD)).expect("the next good batch runs");
+    assert!(good.is_empty(), "the module answered no changes");
+    err.to_string()
+}
+
+#[test]
+fn an_infinite_loop_times_out() {
+    let engine = engine();
+    let limits = Limits {
+        timeout: Duration::from_millis(200),
+        ..Limits::default()
+    };
+    let module = load(
+        &engine,
+        &adversarial("(loop $l (br $l)) (unreachable)", ""),
+        limits,
+    );
+    let text = assert_fails_then_recovers(&module, "timeout");
+    assert!(text.contains("200ms"), "{text}");
+}
+
+#[test]
+fn fuel_runs_out_when_metered() {
+    let engine = Engine::new(EngineOptions {
+        fuel: true,
+        ..EngineOptions::default()
+    })
+    .expect("engine");
+    let limits = Limits {
+        fuel: Some(100_000),
+        ..Limits::default()
+    };
+    let module = load(
+        &engine,
+        &adversarial("(loop $l (br $l)) (unreachable)", ""),
+        limits,
+    );
+    assert_fails_then_recovers(&module, "out_of_fuel");
+}
+
+#[test]
+fn a_memory_bomb_hits_the_memory_limit() {
+    let engine = engine();
+    let limits = Limits {
+        memory: 4 << 20,
+        ..Limits::default()
+    };
+    let bomb = "(loop $l (drop (memory.grow (i32.const 1))) (br $l)) (unreachable)";
+    let module = load(&engine, &adversarial(bomb, ""), limits);
+    assert_fails_then_recovers(&module, "out_of_memory");
+}
+
+#[test]
+fn deep_recursion_overflows_the_stack_as_a_trap() {
+    let engine = engine();
+    let recurse = "(func $down (param i32) (result i32) \
+                   (i32.add (call $down (i32.add (local.get 0) (i32.const 1))) (i32.const 1)))";
+    let module = load(
+        &engine,
+        &adversarial("(drop (call $down (i32.const 0))) (unreachable)", recurse),
+        Limits::default(),
+    );
+    let text = assert_fails_then_recovers(&module, "trap");
+    assert!(text.contains("stack"), "{text}");
+}
+
+#[test]
+fn a_trap_reports_its_message_and_backtrace() {
+    let engine = engine();
+    let module = load(
+        &engine,
+        &adversarial("(unreachable)", ""),
+        Limits::default(),
+    );
+    let text = assert_fails_then_recovers(&module, "trap");
+    assert!(text.contains("unreachable"), "{text}");
+    assert!(text.contains("wasm backtrace"), "{text}");
+}
+
+#[test]
+fn an_output_pointer_outside_memory_is_invalid_output() {
+    let engine = engine();
+    // 10 bytes at 0xFFFF_0000: far past two pages.
+    let module = load(
+        &engine,
+        &adversarial("(i64.const 0xFFFF00000000000a)", ""),
+        Limits::default(),
+    );
+    let text = assert_fails_then_recovers(&module, "invalid_output");
+    assert!(text.contains("outside the module's"), "{text}");
+}
+
+#[test]
+fn an_output_over_the_limit_is_refused_before_it_is_read() {
+    let engine = engine();
+    let module = load(
+        &engine,
+        &adversarial("(i64.const 0x00000010FFFFFFFF)", ""),
+        Limits::default(),
+    );
+    assert_fails_then_recovers(&module, "output_too_large");
+}
+
+#[test]
+fn a_garbage_envelope_is_invalid_output() {
+    let engine = engine();
+    let module = load(
+        &engine,
+        &adversarial(
+            "(i64.const 0x0000002000000002)",
+            r#"(data (i32.const 32) "\c1\c1")"#,
+        ),
+        Limits::default(),
+    );
+    assert_fails_then_recovers(&module, "invalid_output");
+}
+
+#[test]
+fn an_oversized_input_is_refused_before_the_call() {
+    let engine = engine();
+    let limits = Limits {
+        max_input: 100,
+        ..Limits::default()
+    };
+    let module = load(&engine, &adversarial("(unreachable)", ""), limits);
+    let mut chain = Chain::new(std::slice::from_ref(&module));
+    let err = chain.run(batch(BAD)).expect_err("too large");
+    assert_eq!(err.error.kind(), "input_too_large");
+}
+
+#[test]
+fn missing_exports_and_other_abi_versions_are_refused_at_load() {
+    let engine = engine();
+    let no_transform = adversarial("(unreachable)", "").replace(
+        r#"(func (export "datum_transform")"#,
+        r#"(func (export "datum_transform_typo")"#,
+    );
+    let err = Module::new(
+        &engine,
+        "m",
+        no_transform.as_bytes(),
+        Limits::default(),
+        vec![],
+    )
+    .expect_err("missing export");
+    assert_eq!(err.kind(), "abi_mismatch");
+    assert!(err.to_string().contains("datum_transform"), "{err}");
+
+    let v2 = adversarial("(unreachable)", "")
+        .replace(r#"(export "datum_abi_v1")"#, r#"(export "datum_abi_v2")"#);
+    let err = Module::new(&engine, "m", v2.as_bytes(), Limits::default(), vec![])
+        .expect_err("other version");
+    assert_eq!(err.kind(), "abi_mismatch");
+    assert!(err.to_string().contains("ABI v2"), "{err}");
+
+    let wrong_sig = adversarial(
+        "(unreachable)",
+        r#"(func (export "datum_alloc") (param i64) (result i32) (i32.const 0))"#,
+    )
+    .replace(
+        r#"(func (export "datum_alloc") (param $len i32) (result i32)"#,
+        r#"(func (export "datum_alloc_real") (param $len i32) (result i32)"#,
+    );
+    let err = Module::new(
+        &engine,
+        "m",
+        wrong_sig.as_bytes(),
+        Limits::default(),
+        vec![],
+    )
+    .expect_err("wrong signature");
+    assert_eq!(err.kind(), "abi_mismatch");
+
+    let err = Module::new(&engine, "m", b"\0asm garbage", Limits::default(), vec![])
+        .expect_err("not wasm");
+    assert_eq!(err.kind(), "invalid_module");
+
+    let limits = Limits {
+        max_module: 64,
+        ..Limits::default()
+    };
+    let err = Module::new(
+        &engine,
+        "m",
+        adversarial("(unreachable)", "").as_bytes(),
+        limits,
+        vec![],
+    )
+    .expect_err("too large");
+    assert_eq!(err.kind(), "module_too_large");
+}
+
+#[test]
+fn wasi_grants_nothing_and_unknown_imports_are_refused() {
+    let engine = engine();
+    // path_open on fd 3 (there are no preopens) and sock_accept on fd 3:
+    // both must fail with a WASI error, which the module reports.
+    let imports = r#"
+  (import "wasi_snapshot_preview1" "path_open"
+    (func $path_open (param i32 i32 i32 i32 i32 i64 i64 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "sock_accept"
+    (func $sock_accept (param i32 i32 i32) (result i32)))
+  (data (i32.const 64) "/etc/passwd")
+  (data (i32.const 128) "\81\a5error\81\a7message\a6denied")"#;
+    let bad = "(if (i32.and \
+                 (i32.ne (call $path_open (i32.const 3) (i32.const 0) (i32.const 64) (i32.const 11) \
+                   (i32.const 0) (i64.const 0) (i64.const 0) (i32.const 0) (i32.const 256)) (i32.const 0)) \
+                 (i32.ne (call $sock_accept (i32.const 3) (i32.const 0) (i32.const 260)) (i32.const 0))) \
+               (then (return (i64.const 0x0000008000000017)))) \
+               (i64.const 0x100000000a)";
+    let module = load(&engine, &adversarial(bad, imports), Limits::default());
+    let mut chain = Chain::new(std::slice::from_ref(&module));
+    let err = chain.run(batch(BAD)).expect_err("both calls were denied");
+    assert_eq!(err.error.kind(), "guest_error", "{err}");
+    assert!(err.to_string().contains("denied"), "{err}");
+    chain.run(batch(GOOD)).expect("the next batch runs");
+
+    let unknown = adversarial(
+        "(unreachable)",
+        r#"(import "env" "open_socket" (func $s (result i32)))"#,
+    );
+    let err = Module::new(&engine, "m", unknown.as_bytes(), Limits::default(), vec![])
+        .expect_err("unknown import");
+    assert_eq!(err.kind(), "invalid_module");
+    assert!(err.to_string().contains("open_socket"), "{err}");
+}
