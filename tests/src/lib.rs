@@ -31,3 +31,44 @@ pub fn cluster() -> Cluster {
 }
 
 pub mod stream;
+
+/// The bytes of an example module from `examples-wasm/`, built for
+/// `wasm32-wasip1` in release mode first (once per test process; a no-op
+/// when it is up to date), so that tests never run a stale module.
+pub fn example_wasm(name: &str) -> Vec<u8> {
+    use std::sync::Mutex;
+    static BUILT: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace root")
+        .to_owned();
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    {
+        let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+        if !built.iter().any(|b| b == name) {
+            let status = std::process::Command::new(env!("CARGO"))
+                .args([
+                    "build",
+                    "--quiet",
+                    "--release",
+                    "--target",
+                    "wasm32-wasip1",
+                    "-p",
+                ])
+                .arg(format!("example-{name}"))
+                .current_dir(&root)
+                .status()
+                .expect("running cargo");
+            assert!(
+                status.success(),
+                "building example-{name} for wasm32-wasip1 failed; is the target installed \
+                 (`rustup target add wasm32-wasip1`)?"
+            );
+            built.push(name.to_owned());
+        }
+    }
+    let path = target.join(format!("wasm32-wasip1/release/{name}.wasm"));
+    std::fs::read(&path).unwrap_or_else(|err| panic!("reading {}: {err}", path.display()))
+}

@@ -4,6 +4,7 @@
 
 mod checkpoint;
 mod harness;
+mod modules;
 mod source;
 mod tls_harness;
 mod transform;

@@ -1,0 +1,175 @@
+//! The example modules, built from `examples-wasm/`, run by the host's
+//! runtime: identity keeps everything by index, mask_pii hashes
+//! deterministically, chains run in order and stop on empty output, and a
+//! bad configuration fails the module's initialisation.
+
+use std::sync::Arc;
+
+use datum::batch::{Batch, Change, Column, Relation, ReplicaIdentity};
+use datum::transform::encode::Item;
+use datum::transform::engine::EngineOptions;
+use datum::transform::{Chain, Engine, Limits, Module};
+use datum_guest::{Txn, Value};
+use datum_tests::example_wasm;
+
+fn batch(rows: i64) -> Batch {
+    let relation = Arc::new(Relation {
+        oid: 1,
+        schema: "public".into(),
+        table: "users".into(),
+        replica_identity: ReplicaIdentity::Default,
+        columns: vec![
+            Column::new("id", "int4", true),
+            Column::new("email", "text", false),
+        ],
+    });
+    Batch {
+        txn: Txn {
+            xid: 1,
+            commit_lsn: 1000,
+            end_lsn: 1100,
+            commit_time: 1_764_674_400_000_000,
+            chunk: 0,
+            last: true,
+        },
+        changes: (0..rows)
+            .map(|i| Change::Insert {
+                relation: relation.clone(),
+                new: vec![Value::Int(i), Value::Text(format!("user{i}@example.com"))],
+            })
+            .collect(),
+        bytes: 0,
+    }
+}
+
+/// A module's configuration, as the host hands it over: a MessagePack map.
+fn config(json: &str) -> Vec<u8> {
+    let value: serde_json::Value = serde_json::from_str(json).expect("json");
+    rmp_serde::to_vec_named(&value).expect("msgpack")
+}
+
+fn module(engine: &Engine, name: &str, cfg: &str) -> Module {
+    Module::new(
+        engine,
+        name,
+        &example_wasm(name),
+        Limits::default(),
+        config(cfg),
+    )
+    .unwrap_or_else(|err| panic!("loading {name}: {err}"))
+}
+
+fn email(change: &datum_guest::Change) -> String {
+    change
+        .new
+        .as_ref()
+        .and_then(|row| row.get("email"))
+        .and_then(|v| match v {
+            Value::Text(t) => Some(t.clone()),
+            _ => None,
+        })
+        .expect("an email")
+}
+
+#[test]
+fn identity_keeps_every_change_by_index() {
+    let engine = Engine::new(EngineOptions::default()).expect("engine");
+    let mut chain = Chain::new(&[module(&engine, "identity", "{}")]);
+    let out = chain.run(batch(100)).expect("identity");
+    let expected: Vec<Item> = (0..100).map(Item::Source).collect();
+    assert_eq!(
+        out.items, expected,
+        "kept by index, in order, never re-encoded"
+    );
+}
+
+#[test]
+fn mask_pii_hashes_deterministically_and_a_chain_runs_in_order() {
+    use sha2::Digest;
+    let engine = Engine::new(EngineOptions::default()).expect("engine");
+    let mask = module(
+        &engine,
+        "mask_pii",
+        r#"{"columns": ["email"], "mode": "hash", "salt": "pepper"}"#,
+    );
+    let filter = module(
+        &engine,
+        "filter_rows",
+        r#"{"column": "id", "op": "lt", "value": 3}"#,
+    );
+    let identity = module(&engine, "identity", "{}");
+    let mut chain = Chain::new(&[identity, mask.clone(), filter]);
+    let out = chain.run(batch(10)).expect("chain");
+    let changes: Vec<datum_guest::Change> = out.changes().map(|c| c.to_wire()).collect();
+    assert_eq!(changes.len(), 3, "filter_rows kept id < 3");
+    for (i, change) in changes.iter().enumerate() {
+        let digest = sha2::Sha256::digest(format!("pepper{}", format!("user{i}@example.com")));
+        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(email(change), hex, "change {i}");
+    }
+    // The same batch through a fresh instance gives byte-identical output.
+    let again: Vec<datum_guest::Change> = Chain::new(&[mask])
+        .run(batch(3))
+        .expect("mask")
+        .changes()
+        .map(|c| c.to_wire())
+        .collect();
+    assert_eq!(again, changes);
+}
+
+#[test]
+fn an_empty_output_ends_the_chain_early() {
+    let engine = Engine::new(EngineOptions::default()).expect("engine");
+    let drop_all = module(
+        &engine,
+        "filter_rows",
+        r#"{"column": "id", "op": "lt", "value": -1}"#,
+    );
+    // Would fail on any call: it is never called.
+    let broken = Module::new(
+        &engine,
+        "broken",
+        br#"(module (memory (export "memory") 1) (func (export "datum_abi_v1"))
+            (func (export "datum_alloc") (param i32) (result i32) (i32.const 8))
+            (func (export "datum_dealloc") (param i32 i32))
+            (func (export "datum_transform") (param i32 i32) (result i64) (unreachable)))"#,
+        Limits::default(),
+        vec![0x80],
+    )
+    .expect("loads");
+    let out = Chain::new(&[drop_all, broken])
+        .run(batch(5))
+        .expect("chain");
+    assert!(out.is_empty());
+}
+
+#[test]
+fn a_bad_configuration_fails_initialisation_with_the_modules_message() {
+    let engine = Engine::new(EngineOptions::default()).expect("engine");
+    let bad = module(
+        &engine,
+        "mask_pii",
+        r#"{"columns": ["email"], "mode": "bogus"}"#,
+    );
+    let err = Chain::new(&[bad]).run(batch(1)).expect_err("bad config");
+    assert_eq!(err.error.kind(), "init_failed", "{err}");
+    assert!(err.to_string().contains("bogus"), "{err}");
+}
+
+#[test]
+fn a_guest_error_names_the_change_at_fault() {
+    let engine = Engine::new(EngineOptions::default()).expect("engine");
+    // Comparing a text column with a number is an error in filter_rows.
+    let filter = module(
+        &engine,
+        "filter_rows",
+        r#"{"column": "email", "op": "gt", "value": 3}"#,
+    );
+    let err = Chain::new(&[filter])
+        .run(batch(4))
+        .expect_err("type mismatch");
+    match &err.error {
+        datum::transform::TransformError::Guest { index, .. } => assert_eq!(*index, Some(0)),
+        other => panic!("{other:?}"),
+    }
+}
