@@ -321,3 +321,80 @@ fn wasi_grants_nothing_and_unknown_imports_are_refused() {
     assert_eq!(err.kind(), "invalid_module");
     assert!(err.to_string().contains("open_socket"), "{err}");
 }
+
+const PROBE_IMPORTS: &str = r#"
+  (import "wasi_snapshot_preview1" "clock_time_get"
+    (func $clock (param i32 i64 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "random_get" (func $random (param i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write"
+    (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (data (i32.const 128) "\81\a5error\82\a7message\a1x\a5index\ce")
+  (func $answer (param $v i32) (result i64)
+    (i32.store8 (i32.const 153) (i32.shr_u (local.get $v) (i32.const 24)))
+    (i32.store8 (i32.const 154) (i32.shr_u (local.get $v) (i32.const 16)))
+    (i32.store8 (i32.const 155) (i32.shr_u (local.get $v) (i32.const 8)))
+    (i32.store8 (i32.const 156) (local.get $v))
+    (i64.const 0x000000800000001d))"#;
+
+/// Runs a probe that reports a number as the error index of a bad batch.
+fn probe(engine: &Engine, body: &str, commit_lsn: u64) -> u32 {
+    let module = load(engine, &adversarial(body, PROBE_IMPORTS), Limits::default());
+    let mut bad = batch(BAD);
+    bad.txn.commit_lsn = commit_lsn;
+    let err = Chain::new(std::slice::from_ref(&module))
+        .run(bad)
+        .expect_err("the probe answers with an error");
+    match err.error {
+        datum::transform::TransformError::Guest { index: Some(v), .. } => v,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn clocks_read_the_batch_commit_time() {
+    let engine = engine();
+    let seconds = probe(
+        &engine,
+        "(drop (call $clock (i32.const 0) (i64.const 1) (i32.const 512))) \
+         (call $answer (i32.wrap_i64 (i64.div_u (i64.load (i32.const 512)) (i64.const 1000000000))))",
+        1,
+    );
+    assert_eq!(
+        u64::from(seconds),
+        1_764_674_400,
+        "the batch's commit time, not now"
+    );
+    let monotonic = probe(
+        &engine,
+        "(drop (call $clock (i32.const 1) (i64.const 1) (i32.const 512))) \
+         (call $answer (i32.wrap_i64 (i64.div_u (i64.load (i32.const 512)) (i64.const 1000000000))))",
+        1,
+    );
+    assert_eq!(u64::from(monotonic), 1_764_674_400);
+}
+
+#[test]
+fn random_is_seeded_by_the_batch() {
+    let body = "(drop (call $random (i32.const 512) (i32.const 4))) \
+                (call $answer (i32.load (i32.const 512)))";
+    let a = probe(&engine(), body, 4242);
+    let b = probe(&engine(), body, 4242);
+    let c = probe(&engine(), body, 4243);
+    assert_eq!(a, b, "the same batch gives the same randomness");
+    assert_ne!(a, c, "another batch gives other randomness");
+}
+
+#[test]
+fn a_chatty_module_is_capped_not_failed() {
+    // 32 writes of 64 KiB to stdout: far over the 64 KiB cap.
+    let body = "(i32.store (i32.const 600) (i32.const 4096)) \
+                (i32.store (i32.const 604) (i32.const 65536)) \
+                (local.set $len (i32.const 32)) \
+                (loop $l \
+                  (drop (call $fd_write (i32.const 1) (i32.const 600) (i32.const 1) (i32.const 608))) \
+                  (local.set $len (i32.sub (local.get $len) (i32.const 1))) \
+                  (br_if $l (local.get $len))) \
+                (call $answer (i32.load (i32.const 608)))";
+    let written = probe(&engine(), body, 1);
+    assert_eq!(written, 65536, "each write is accepted whole");
+}
