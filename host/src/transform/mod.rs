@@ -62,6 +62,35 @@ impl Default for Limits {
     }
 }
 
+/// A module's configuration table (TOML, from the pipeline's config) as the
+/// MessagePack map `datum_init` receives (`docs/abi.md`, "Configuration"):
+/// datetimes become their RFC 3339 text.
+pub fn encode_config(table: &toml::Table) -> Vec<u8> {
+    fn convert(value: &toml::Value) -> rmpv::Value {
+        match value {
+            toml::Value::String(s) => rmpv::Value::from(s.as_str()),
+            toml::Value::Integer(i) => rmpv::Value::from(*i),
+            toml::Value::Float(f) => rmpv::Value::from(*f),
+            toml::Value::Boolean(b) => rmpv::Value::from(*b),
+            toml::Value::Datetime(d) => rmpv::Value::from(d.to_string()),
+            toml::Value::Array(items) => rmpv::Value::Array(items.iter().map(convert).collect()),
+            toml::Value::Table(table) => table_value(table),
+        }
+    }
+    fn table_value(table: &toml::Table) -> rmpv::Value {
+        rmpv::Value::Map(
+            table
+                .iter()
+                .map(|(k, v)| (rmpv::Value::from(k.as_str()), convert(v)))
+                .collect(),
+        )
+    }
+    let mut bytes = Vec::new();
+    // Writing to a Vec cannot fail.
+    let _ = rmpv::encode::write_value(&mut bytes, &table_value(table));
+    bytes
+}
+
 /// Why a module could not be loaded or did not transform a batch.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TransformError {
@@ -127,6 +156,27 @@ pub enum TransformError {
         /// The input change at fault, if known.
         index: Option<u32>,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn toml_configuration_becomes_a_msgpack_map() {
+        let table: toml::Table = toml::from_str(
+            "columns = [\"email\"]\nsalt = \"s\"\n[nested]\nn = 3\nat = 1979-05-27T07:32:00Z",
+        )
+        .expect("toml");
+        let bytes = super::encode_config(&table);
+        let value: serde_json::Value = rmp_serde::from_slice(&bytes).expect("msgpack");
+        assert_eq!(
+            value,
+            serde_json::json!({
+                "columns": ["email"],
+                "salt": "s",
+                "nested": {"n": 3, "at": "1979-05-27T07:32:00Z"}
+            })
+        );
+    }
 }
 
 impl TransformError {
