@@ -158,6 +158,26 @@ pub enum TransformError {
     },
 }
 
+impl TransformError {
+    /// A short, stable name for the kind of failure (metrics, golden files).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            TransformError::ModuleTooLarge { .. } => "module_too_large",
+            TransformError::Invalid(_) => "invalid_module",
+            TransformError::AbiMismatch(_) => "abi_mismatch",
+            TransformError::Init(_) => "init_failed",
+            TransformError::Timeout(_) => "timeout",
+            TransformError::OutOfFuel(_) => "out_of_fuel",
+            TransformError::OutOfMemory(_) => "out_of_memory",
+            TransformError::Trap { .. } => "trap",
+            TransformError::InvalidOutput(_) => "invalid_output",
+            TransformError::InputTooLarge { .. } => "input_too_large",
+            TransformError::OutputTooLarge { .. } => "output_too_large",
+            TransformError::Guest { .. } => "guest_error",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -176,25 +196,5 @@ mod tests {
                 "nested": {"n": 3, "at": "1979-05-27T07:32:00Z"}
             })
         );
-    }
-}
-
-impl TransformError {
-    /// A short, stable name for the kind of failure (metrics, golden files).
-    pub fn kind(&self) -> &'static str {
-        match self {
-            TransformError::ModuleTooLarge { .. } => "module_too_large",
-            TransformError::Invalid(_) => "invalid_module",
-            TransformError::AbiMismatch(_) => "abi_mismatch",
-            TransformError::Init(_) => "init_failed",
-            TransformError::Timeout(_) => "timeout",
-            TransformError::OutOfFuel(_) => "out_of_fuel",
-            TransformError::OutOfMemory(_) => "out_of_memory",
-            TransformError::Trap { .. } => "trap",
-            TransformError::InvalidOutput(_) => "invalid_output",
-            TransformError::InputTooLarge { .. } => "input_too_large",
-            TransformError::OutputTooLarge { .. } => "output_too_large",
-            TransformError::Guest { .. } => "guest_error",
-        }
     }
 }
