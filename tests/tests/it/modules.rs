@@ -173,3 +173,25 @@ fn a_guest_error_names_the_change_at_fault() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn a_guest_panic_is_an_error_with_its_message_and_the_change_index() {
+    let engine = Engine::new(EngineOptions::default()).expect("engine");
+    let panicker = Module::new(
+        &engine,
+        "panicker",
+        &example_wasm("panicker"),
+        Limits::default(),
+        config("{}"),
+    )
+    .expect("loads");
+    let mut chain = Chain::new(&[panicker]);
+    let err = chain.run(batch(5)).expect_err("id 3 panics");
+    assert_eq!(err.error.kind(), "trap", "{err}");
+    let text = err.to_string();
+    assert!(text.contains("boom on id 3"), "the panic message: {text}");
+    assert!(text.contains("change 3"), "the change's index: {text}");
+    // The instance was discarded; a fresh one takes the next batch.
+    let out = chain.run(batch(3)).expect("ids 0 to 2 pass");
+    assert_eq!(out.len(), 3);
+}
