@@ -8,6 +8,7 @@
 //!   without WebAssembly;
 //! * `identity` and `mask_pii`: the whole call through the runtime —
 //!   encoding, the wasm call, decoding and resolving the result.
+//!
 //! And the per-call overhead: an empty batch through `identity`.
 //!
 //! The example modules are built for wasm32-wasip1 first.
