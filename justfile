@@ -40,9 +40,11 @@ lint:
     cargo clippy --workspace --all-targets -- -D warnings
 
 # Benchmarks, each figure beside a baseline measured in the same run.
-bench *ARGS: _pg
-    @echo "The streaming benchmarks arrive with issue 9. Measuring the test harness:"
+bench *ARGS: _pg _wasm-target
+    @echo "== test harness: a cluster per test against a database per test"
     cargo run --release -q -p datum-tests --bin harness-cost {{ARGS}}
+    @echo "== transforms: identity and mask_pii against a native encode+decode"
+    cargo bench -p datum --bench transform
 
 # Fail early, saying what to install, when PostgreSQL is missing.
 _pg:

@@ -195,3 +195,51 @@ fn a_guest_panic_is_an_error_with_its_message_and_the_change_index() {
     let out = chain.run(batch(3)).expect("ids 0 to 2 pass");
     assert_eq!(out.len(), 3);
 }
+
+/// Collects what a tracing subscriber writes.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("lock").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn module_output_is_forwarded_to_the_log_with_module_and_lsn() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        let engine = Engine::new(EngineOptions::default()).expect("engine");
+        let panicker = Module::new(
+            &engine,
+            "panicker",
+            &example_wasm("panicker"),
+            Limits::default(),
+            config("{}"),
+        )
+        .expect("loads");
+        let _ = Chain::new(&[panicker]).run(batch(5));
+    });
+    let log = String::from_utf8(captured.0.lock().expect("lock").clone()).expect("utf-8");
+    let line = log
+        .lines()
+        .find(|l| l.contains("about to panic on id 3"))
+        .unwrap_or_else(|| panic!("the module's stderr line is missing from:\n{log}"));
+    assert!(line.contains("module=panicker"), "{line}");
+    assert!(
+        line.contains("lsn=0/3E8"),
+        "the batch's commit LSN (1000): {line}"
+    );
+    assert!(line.contains("stream=\"stderr\""), "{line}");
+}
