@@ -42,6 +42,8 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
 use nix::sys::signal::{self, Signal};
+
+pub use crate::source::replication::{quote_ident, quote_literal};
 use nix::unistd::{Gid, Pid, Uid, User};
 
 /// Bump when the template's `initdb` arguments, `pg_hba.conf` or setup SQL
@@ -874,16 +876,6 @@ fn free_port() -> Result<u16> {
         .local_addr()
         .map(|addr| addr.port())
         .map_err(HarnessError::io("finding a free port"))
-}
-
-/// `"name"` with embedded quotes doubled.
-pub fn quote_ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
-
-/// `'text'` with embedded quotes doubled (standard_conforming_strings is on).
-pub fn quote_literal(text: &str) -> String {
-    format!("'{}'", text.replace('\'', "''"))
 }
 
 fn unique_suffix() -> String {

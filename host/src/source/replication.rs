@@ -591,13 +591,13 @@ pub(crate) fn pg_now() -> i64 {
     unix - PG_EPOCH_OFFSET_MICROS
 }
 
-/// Quotes an identifier for a replication command.
-pub(crate) fn quote_ident(name: &str) -> String {
+/// `"name"` with embedded quotes doubled: an SQL identifier.
+pub fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
-/// Quotes a literal for a replication command option.
-pub(crate) fn quote_literal(text: &str) -> String {
+/// `'text'` with embedded quotes doubled (standard_conforming_strings is on).
+pub fn quote_literal(text: &str) -> String {
     format!("'{}'", text.replace('\'', "''"))
 }
 

@@ -177,14 +177,7 @@ fn a_guest_error_names_the_change_at_fault() {
 #[test]
 fn a_guest_panic_is_an_error_with_its_message_and_the_change_index() {
     let engine = Engine::new(EngineOptions::default()).expect("engine");
-    let panicker = Module::new(
-        &engine,
-        "panicker",
-        &example_wasm("panicker"),
-        Limits::default(),
-        config("{}"),
-    )
-    .expect("loads");
+    let panicker = module(&engine, "panicker", "{}");
     let mut chain = Chain::new(&[panicker]);
     let err = chain.run(batch(5)).expect_err("id 3 panics");
     assert_eq!(err.error.kind(), "trap", "{err}");
@@ -221,14 +214,7 @@ fn module_output_is_forwarded_to_the_log_with_module_and_lsn() {
         .finish();
     tracing::subscriber::with_default(subscriber, || {
         let engine = Engine::new(EngineOptions::default()).expect("engine");
-        let panicker = Module::new(
-            &engine,
-            "panicker",
-            &example_wasm("panicker"),
-            Limits::default(),
-            config("{}"),
-        )
-        .expect("loads");
+        let panicker = module(&engine, "panicker", "{}");
         let _ = Chain::new(&[panicker]).run(batch(5));
     });
     let log = String::from_utf8(captured.0.lock().expect("lock").clone()).expect("utf-8");
