@@ -1,7 +1,9 @@
 //! The command line: parsing only. What each command does lives in the
 //! library; `main` maps the outcome to an exit code.
 
-use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
 
 /// Stream PostgreSQL changes through WebAssembly transforms.
 #[derive(Debug, Parser)]
@@ -30,5 +32,83 @@ pub enum Command {
         /// Tables the pipeline needs, `schema.table` or `table` (in public).
         #[arg(long, value_delimiter = ',', num_args = 1..)]
         tables: Vec<String>,
+    },    /// Run a transform module on golden fixtures: each NAME.input.json
+    /// batch in FIXTURES, compared with NAME.expected.json. Prints a diff per
+    /// mismatch and `N passed, M failed`; exits 1 if any case failed.
+    Test {
+        /// The module (`.wasm`, built for wasm32-wasip1).
+        module: PathBuf,
+        /// The fixtures directory.
+        fixtures: PathBuf,
+        /// Module configuration (TOML) for every case, instead of
+        /// FIXTURES/config.toml.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Write the expected files from the actual output.
+        #[arg(long)]
+        bless: bool,
+        /// Only the cases whose name contains this.
+        #[arg(long)]
+        filter: Option<String>,
     },
+    /// Capture real batches as golden-test inputs: from a replication slot
+    /// without consuming it, or from a pipeline's dead letters. The files
+    /// hold real data: review them before committing them.
+    Record {
+        /// Where to write NAME.input.json files.
+        out: PathBuf,
+        /// Read from this database's slot (connection string).
+        #[arg(long, conflicts_with = "state", required_unless_present = "state")]
+        url: Option<String>,
+        /// The slot to peek (with --url). It must not be in use.
+        #[arg(long, requires = "url")]
+        slot: Option<String>,
+        /// The publication to decode the slot with (with --url).
+        #[arg(long, requires = "url")]
+        publication: Option<String>,
+        /// Read dead letters from this state file instead.
+        #[arg(long)]
+        state: Option<PathBuf>,
+        /// The pipeline whose dead letters to read (with --state).
+        #[arg(long, requires = "state")]
+        pipeline: Option<String>,
+        /// Most batches to write.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        /// File name prefix: PREFIX-001.input.json, ...
+        #[arg(long, default_value = "recorded")]
+        prefix: String,
+        /// Replace existing files.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Scaffold a transform crate: Cargo.toml, src/lib.rs with a unit test,
+    /// a fixtures directory with one case, and a README.
+    New {
+        /// The crate's name (and directory, unless --path is given).
+        name: String,
+        /// What the transform is.
+        #[arg(long, value_enum, default_value_t = Kind::Filter)]
+        kind: Kind,
+        /// Where to create it (default: ./NAME).
+        #[arg(long)]
+        path: Option<PathBuf>,
+        /// The datum-guest SDK to depend on, as a path (default: the SDK of
+        /// the source tree this datum was built from, when it exists).
+        #[arg(long)]
+        sdk: Option<PathBuf>,
+    },
+}
+
+/// The kinds of transform `datum new` scaffolds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Kind {
+    /// Keep or drop each change.
+    Filter,
+    /// Change each change (or drop it).
+    Map,
+    /// Turn each change into any number of changes.
+    FlatMap,
+    /// See the whole batch at once.
+    Transform,
 }

@@ -7,6 +7,8 @@
 pub mod batch;
 pub mod checkpoint;
 pub mod feedback;
+pub mod golden;
+pub mod json;
 pub mod pipeline;
 pub mod sink;
 pub mod source;

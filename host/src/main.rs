@@ -1,5 +1,6 @@
 //! The `datum` binary: parse the command line, set up logging, run, and map
-//! the outcome to an exit code.
+//! the outcome to an exit code (0 success, 1 a check or test failed, 2 the
+//! command could not do its work).
 
 mod cli;
 
@@ -7,6 +8,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use datum::source::check;
+use datum::{golden, record, scaffold};
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
@@ -17,16 +19,6 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("error: cannot start the async runtime: {err}");
-            return ExitCode::from(2);
-        }
-    };
     match cli.command {
         cli::Command::Check {
             url,
@@ -39,7 +31,11 @@ fn main() -> ExitCode {
                 slot,
                 tables,
             };
-            match runtime.block_on(check::check_source(&url, &target)) {
+            let result = runtime().and_then(|rt| {
+                rt.block_on(check::check_source(&url, &target))
+                    .map_err(|e| format!("{e:#}"))
+            });
+            match result {
                 Ok(report) => {
                     print!("{report}");
                     if report.failed() {
@@ -48,11 +44,117 @@ fn main() -> ExitCode {
                         ExitCode::SUCCESS
                     }
                 }
-                Err(err) => {
-                    eprintln!("error: {err:#}");
-                    ExitCode::from(2)
+                Err(err) => fail(err),
+            }
+        }
+        cli::Command::Test {
+            module,
+            fixtures,
+            config,
+            bless,
+            filter,
+        } => {
+            let options = golden::Options {
+                config,
+                bless,
+                filter,
+            };
+            match golden::run_suite(&module, &fixtures, &options, &mut std::io::stdout()) {
+                Ok(summary) if summary.failed > 0 => ExitCode::from(1),
+                Ok(_) => ExitCode::SUCCESS,
+                Err(err) => fail(err),
+            }
+        }
+        cli::Command::Record {
+            out,
+            url,
+            slot,
+            publication,
+            state,
+            pipeline,
+            limit,
+            prefix,
+            force,
+        } => {
+            let options = record::Options {
+                out,
+                limit,
+                prefix,
+                force,
+            };
+            eprintln!(
+                "warning: recorded fixtures hold real rows from your database; review and scrub \
+                 them before you commit or share them"
+            );
+            let result = match (url, state) {
+                (Some(url), _) => runtime().and_then(|rt| {
+                    rt.block_on(record::from_slot(
+                        &url,
+                        slot.as_deref(),
+                        publication.as_deref(),
+                        &options,
+                    ))
+                    .map_err(|e| e.to_string())
+                }),
+                (None, Some(state)) => {
+                    record::from_dead_letters(&state, pipeline.as_deref(), &options)
+                        .map_err(|e| e.to_string())
                 }
+                (None, None) => Err("give --url (a slot to peek) or --state (dead letters)".into()),
+            };
+            match result {
+                Ok(files) => {
+                    for file in &files {
+                        println!("wrote {}", file.display());
+                    }
+                    println!(
+                        "{} fixture{} recorded; write NAME.expected.json beside each, or run \
+                         `datum test MODULE.wasm {} --bless` and review what it writes",
+                        files.len(),
+                        if files.len() == 1 { "" } else { "s" },
+                        options.out.display()
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(err) => fail(err),
+            }
+        }
+        cli::Command::New {
+            name,
+            kind,
+            path,
+            sdk,
+        } => {
+            let options = scaffold::Options {
+                dir: path.unwrap_or_else(|| name.clone().into()),
+                name,
+                kind: match kind {
+                    cli::Kind::Filter => scaffold::Kind::Filter,
+                    cli::Kind::Map => scaffold::Kind::Map,
+                    cli::Kind::FlatMap => scaffold::Kind::FlatMap,
+                    cli::Kind::Transform => scaffold::Kind::Transform,
+                },
+                sdk,
+            };
+            match scaffold::create(&options) {
+                Ok(created) => {
+                    print!("{created}");
+                    ExitCode::SUCCESS
+                }
+                Err(err) => fail(err),
             }
         }
     }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|err| format!("cannot start the async runtime: {err}"))
+}
+
+fn fail(err: impl std::fmt::Display) -> ExitCode {
+    eprintln!("error: {err}");
+    ExitCode::from(2)
 }

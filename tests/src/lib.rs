@@ -32,43 +32,64 @@ pub fn cluster() -> Cluster {
 
 pub mod stream;
 
-/// The bytes of an example module from `examples-wasm/`, built for
-/// `wasm32-wasip1` in release mode first (once per test process; a no-op
-/// when it is up to date), so that tests never run a stale module.
-pub fn example_wasm(name: &str) -> Vec<u8> {
-    use std::sync::Mutex;
-    static BUILT: Mutex<Vec<String>> = Mutex::new(Vec::new());
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+/// The workspace's root directory.
+pub fn workspace_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("the workspace root")
-        .to_owned();
-    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .to_owned()
+}
+
+/// The directory cargo builds into.
+pub fn target_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
         .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
-    {
-        let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
-        if !built.iter().any(|b| b == name) {
-            let status = std::process::Command::new(env!("CARGO"))
-                .args([
-                    "build",
-                    "--quiet",
-                    "--release",
-                    "--target",
-                    "wasm32-wasip1",
-                    "-p",
-                ])
-                .arg(format!("example-{name}"))
-                .current_dir(&root)
-                .status()
-                .expect("running cargo");
-            assert!(
-                status.success(),
-                "building example-{name} for wasm32-wasip1 failed; is the target installed \
-                 (`rustup target add wasm32-wasip1`)?"
-            );
-            built.push(name.to_owned());
-        }
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
+/// Runs `cargo build --quiet ARGS` in the workspace once per process for
+/// each distinct `args` (a no-op when up to date).
+fn cargo_build_once(args: &[&str], what: &str) {
+    use std::sync::Mutex;
+    static BUILT: Mutex<Vec<Vec<String>>> = Mutex::new(Vec::new());
+    let key: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if built.contains(&key) {
+        return;
     }
-    let path = target.join(format!("wasm32-wasip1/release/{name}.wasm"));
+    let status = std::process::Command::new(env!("CARGO"))
+        .args(["build", "--quiet"])
+        .args(args)
+        .current_dir(workspace_root())
+        .status()
+        .expect("running cargo");
+    assert!(status.success(), "building {what} failed");
+    built.push(key);
+}
+
+/// The path of an example module from `examples-wasm/`, built for
+/// `wasm32-wasip1` in release mode first (once per test process; a no-op
+/// when it is up to date), so that tests never run a stale module.
+pub fn example_wasm_path(name: &str) -> std::path::PathBuf {
+    let package = format!("example-{name}");
+    cargo_build_once(
+        &["--release", "--target", "wasm32-wasip1", "-p", &package],
+        &format!(
+            "{package} for wasm32-wasip1 (is the target installed? `rustup target add wasm32-wasip1`)"
+        ),
+    );
+    target_dir().join(format!("wasm32-wasip1/release/{name}.wasm"))
+}
+
+/// The bytes of an example module (see [`example_wasm_path`]).
+pub fn example_wasm(name: &str) -> Vec<u8> {
+    let path = example_wasm_path(name);
     std::fs::read(&path).unwrap_or_else(|err| panic!("reading {}: {err}", path.display()))
+}
+
+/// The `datum` binary, built first (debug profile, like the tests), so that
+/// tests run the command line a user runs.
+pub fn datum_bin() -> std::path::PathBuf {
+    cargo_build_once(&["-p", "datum", "--bin", "datum"], "the datum binary");
+    target_dir().join("debug/datum")
 }

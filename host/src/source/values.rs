@@ -217,7 +217,7 @@ fn other(kind: &TypeKind, text: &[u8]) -> Value {
 
 /// The typed value, or None for text that does not read as `kind` (and for
 /// `Other`, which has no typed form).
-fn parse_typed(kind: &TypeKind, text: &[u8]) -> Option<Value> {
+pub(crate) fn parse_typed(kind: &TypeKind, text: &[u8]) -> Option<Value> {
     Some(match kind {
         TypeKind::Bool => Value::Bool(match text {
             b"t" => true,

@@ -98,12 +98,23 @@ impl Chain {
     /// Runs the batch through every module. An empty output ends the chain
     /// early. Runs on the calling thread: call it off the async executor.
     pub fn run(&mut self, source: Batch) -> Result<Transformed, ChainError> {
+        self.run_items(Transformed::untouched(source))
+    }
+
+    /// Runs a batch whose changes are already items: source changes by
+    /// index, or changes in the event model's shape that the host's
+    /// representation cannot hold (a snapshot row, a route set upstream),
+    /// as golden tests give them.
+    pub fn run_items(&mut self, input: Transformed) -> Result<Transformed, ChainError> {
+        let Transformed {
+            source,
+            mut items,
+        } = input;
         let meta = CallMeta {
             commit_time: source.txn.commit_time,
             commit_lsn: source.txn.commit_lsn,
             chunk: source.txn.chunk,
         };
-        let mut items: Vec<Item> = (0..source.changes.len()).map(Item::Source).collect();
         for fuel in &mut self.last_fuel {
             *fuel = None;
         }

@@ -127,6 +127,25 @@ impl Module {
         })
     }
 
+    /// The same compiled module with another configuration (no
+    /// recompilation): instances made from it pass `config` to `datum_init`.
+    pub fn with_config(&self, config: Vec<u8>) -> Module {
+        let inner = &self.inner;
+        Module {
+            inner: Arc::new(ModuleInner {
+                name: inner.name.clone(),
+                engine: inner.engine.clone(),
+                pre: inner.pre.clone(),
+                limits: inner.limits,
+                config,
+                sha256: inner.sha256.clone(),
+                has_init: inner.has_init,
+                has_panic_message: inner.has_panic_message,
+                has_initialize: inner.has_initialize,
+            }),
+        }
+    }
+
     /// The module's name, as logs and errors show it.
     pub fn name(&self) -> &str {
         &self.inner.name

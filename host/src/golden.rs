@@ -1,0 +1,768 @@
+//! Golden-file tests of transforms: run a module on hand-written or recorded
+//! batches and compare what it answers with what a file says it should
+//! (`docs/fixtures.md`). Behind `datum test`, and public so a module's own
+//! `cargo test` can call it:
+//!
+//! ```no_run
+//! let summary = datum::golden::run_suite(
+//!     "target/wasm32-wasip1/release/my_filter.wasm".as_ref(),
+//!     "fixtures".as_ref(),
+//!     &datum::golden::Options::default(),
+//!     &mut std::io::stdout(),
+//! )
+//! .expect("the module and the fixtures load");
+//! assert_eq!(summary.failed, 0, "{summary}");
+//! ```
+//!
+//! Owns the fixture directory's layout (`NAME.input.json`,
+//! `NAME.expected.json`, optional `config.toml` and `NAME.config.toml`),
+//! running each case through the production runtime — the same engine,
+//! limits, sandbox and encoding a pipeline uses, plus fuel metering to report
+//! what each case cost — the comparison, the readable diff, and blessing.
+//!
+//! Each case gets a fresh instance, so cases do not depend on their order.
+
+use std::fmt;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use datum_guest::wire::{Batch as WireBatch, Change as WireChange, Column as WireColumn, Op};
+use datum_guest::{Txn, Value};
+use serde::{Deserialize, Serialize};
+
+use crate::batch::{Batch, Change, Column, OldRow, Relation, ReplicaIdentity};
+use crate::json::{self, ChangeJson, ColumnsForm, ReadBatch, ReadChange, ReadError};
+use crate::source::Lsn;
+use crate::transform::encode::{Item, to_wire};
+use crate::transform::engine::EngineOptions;
+use crate::transform::{Chain, Engine, Limits, Module, TransformError, Transformed};
+
+/// Suffix of a case's input batch.
+pub const INPUT_SUFFIX: &str = ".input.json";
+/// Suffix of a case's expected output.
+pub const EXPECTED_SUFFIX: &str = ".expected.json";
+/// Suffix of a case's own module configuration.
+pub const CONFIG_SUFFIX: &str = ".config.toml";
+/// The configuration every case of a directory gets unless it has its own.
+pub const DIR_CONFIG: &str = "config.toml";
+
+/// Why a golden run could not be done (as opposed to a case that failed).
+#[derive(Debug, thiserror::Error)]
+pub enum GoldenError {
+    /// A file could not be read or written.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What happened.
+        source: std::io::Error,
+    },
+    /// A fixture is not valid.
+    #[error("{}: {error}", path.display())]
+    Fixture {
+        /// The fixture.
+        path: PathBuf,
+        /// Where and what.
+        error: ReadError,
+    },
+    /// A configuration file is not valid TOML.
+    #[error("{}: {message}", path.display())]
+    Config {
+        /// The file.
+        path: PathBuf,
+        /// toml's message, with the line.
+        message: String,
+    },
+    /// The module could not be loaded.
+    #[error("{}: {error}", path.display())]
+    Module {
+        /// The module file.
+        path: PathBuf,
+        /// Why.
+        error: TransformError,
+    },
+    /// The directory holds no case.
+    #[error(
+        "{}: no cases (a case is a NAME{INPUT_SUFFIX} file, with NAME{EXPECTED_SUFFIX} beside it){}",
+        dir.display(),
+        filter.as_deref().map(|f| format!(" matching `{f}`")).unwrap_or_default()
+    )]
+    NoCases {
+        /// The directory.
+        dir: PathBuf,
+        /// The filter given.
+        filter: Option<String>,
+    },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> GoldenError + '_ {
+    move |source| GoldenError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// What a case expects.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Expected {
+    /// These output changes, in order.
+    Changes(Vec<ReadChange>),
+    /// This failure.
+    Error(ExpectedError),
+}
+
+/// An expected failure: the kind exactly (`TransformError::kind`), the
+/// message as a substring of the actual one (so backtraces, offsets and
+/// paths need not be spelled out), and the change index when given.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpectedError {
+    /// `guest_error`, `trap`, `timeout`, `init_failed`, ...
+    pub kind: String,
+    /// A substring of the message.
+    #[serde(default)]
+    pub message: String,
+    /// The input change at fault.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<u32>,
+}
+
+impl<'de> Deserialize<'de> for Expected {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Expected, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Doc {
+            changes: Option<Vec<ReadChange>>,
+            error: Option<ExpectedError>,
+        }
+        match Doc::deserialize(deserializer)? {
+            Doc {
+                changes: Some(changes),
+                error: None,
+            } => Ok(Expected::Changes(changes)),
+            Doc {
+                changes: None,
+                error: Some(error),
+            } => Ok(Expected::Error(error)),
+            _ => Err(serde::de::Error::custom(
+                "an expected file has `changes` (a list, maybe empty) or `error`, exactly one",
+            )),
+        }
+    }
+}
+
+/// One case of a fixture directory.
+#[derive(Debug, Clone)]
+pub struct Case {
+    /// The name: the input file's name without `.input.json`.
+    pub name: String,
+    /// The input file.
+    pub input_path: PathBuf,
+    /// The expected file (which may not exist yet).
+    pub expected_path: PathBuf,
+    /// The case's own configuration file, if it has one.
+    pub config_path: Option<PathBuf>,
+    /// The input batch.
+    pub input: ReadBatch,
+    /// The expected output, None when the file does not exist.
+    pub expected: Option<Expected>,
+}
+
+fn read_text(path: &Path) -> Result<String, GoldenError> {
+    std::fs::read_to_string(path).map_err(io(path))
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, GoldenError> {
+    json::read(&read_text(path)?).map_err(|error| GoldenError::Fixture {
+        path: path.to_owned(),
+        error,
+    })
+}
+
+/// Reads a TOML configuration file into the table `datum_init` receives.
+pub fn read_config(path: &Path) -> Result<toml::Table, GoldenError> {
+    read_text(path)?
+        .parse::<toml::Table>()
+        .map_err(|e| GoldenError::Config {
+            path: path.to_owned(),
+            message: e.to_string().trim_end().to_owned(),
+        })
+}
+
+impl Case {
+    /// Loads case `name` of `dir`.
+    pub fn load(dir: &Path, name: &str) -> Result<Case, GoldenError> {
+        let input_path = dir.join(format!("{name}{INPUT_SUFFIX}"));
+        let expected_path = dir.join(format!("{name}{EXPECTED_SUFFIX}"));
+        let config_path = dir.join(format!("{name}{CONFIG_SUFFIX}"));
+        let input = read_json(&input_path)?;
+        let expected = if expected_path.exists() {
+            Some(read_json(&expected_path)?)
+        } else {
+            None
+        };
+        Ok(Case {
+            name: name.to_owned(),
+            input_path,
+            expected_path,
+            config_path: config_path.exists().then_some(config_path),
+            input,
+            expected,
+        })
+    }
+}
+
+/// The case names of a directory, sorted, those containing `filter` only
+/// when given.
+pub fn case_names(dir: &Path, filter: Option<&str>) -> Result<Vec<String>, GoldenError> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io(dir))? {
+        let entry = entry.map_err(io(dir))?;
+        let file = entry.file_name();
+        let Some(name) = file.to_str().and_then(|f| f.strip_suffix(INPUT_SUFFIX)) else {
+            continue;
+        };
+        if filter.is_none_or(|f| name.contains(f)) {
+            names.push(name.to_owned());
+        }
+    }
+    names.sort();
+    if names.is_empty() {
+        return Err(GoldenError::NoCases {
+            dir: dir.to_owned(),
+            filter: filter.map(str::to_owned),
+        });
+    }
+    Ok(names)
+}
+
+/// What the module did with a case's batch.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Actual {
+    /// It answered these changes.
+    Changes(Vec<WireChange>),
+    /// It failed.
+    Error {
+        /// [`TransformError::kind`].
+        kind: String,
+        /// The message (for traps, without the backtrace).
+        message: String,
+        /// The input change at fault, when the module said.
+        index: Option<u32>,
+    },
+}
+
+impl Actual {
+    fn from_error(error: &TransformError) -> Actual {
+        let (message, index) = match error {
+            TransformError::Guest { message, index } => (message.clone(), *index),
+            TransformError::Trap { message, .. } => (message.clone(), None),
+            other => (other.to_string(), None),
+        };
+        Actual::Error {
+            kind: error.kind().to_owned(),
+            message,
+            index,
+        }
+    }
+
+    /// The expected file that says exactly this.
+    pub fn to_expected_json(&self) -> String {
+        match self {
+            Actual::Changes(changes) => {
+                #[derive(Serialize)]
+                struct Doc<'a> {
+                    changes: json::Changes<'a>,
+                }
+                json::to_pretty(&Doc {
+                    changes: json::Changes(changes, ColumnsForm::Auto),
+                })
+            }
+            Actual::Error {
+                kind,
+                message,
+                index,
+            } => {
+                #[derive(Serialize)]
+                struct Doc<'a> {
+                    error: &'a ExpectedError,
+                }
+                json::to_pretty(&Doc {
+                    error: &ExpectedError {
+                        kind: kind.clone(),
+                        message: message.clone(),
+                        index: *index,
+                    },
+                })
+            }
+        }
+    }
+}
+
+/// How a case ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The output matched.
+    Passed,
+    /// It did not: a unified diff from expected to actual.
+    Failed(String),
+    /// There is no expected file (and blessing was not asked for).
+    MissingExpected,
+    /// The expected file was written from the actual output.
+    Blessed,
+}
+
+/// A case's result.
+#[derive(Debug, Clone)]
+pub struct CaseResult {
+    /// The case's name.
+    pub name: String,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// What the module answered.
+    pub actual: Actual,
+    /// Fuel the call used (roughly, wasm instructions).
+    pub fuel: Option<u64>,
+    /// Wall time of the call, instantiation included.
+    pub elapsed: Duration,
+}
+
+/// A module loaded for golden runs: the production engine with fuel
+/// metering, and the production limits.
+#[derive(Debug, Clone)]
+pub struct Runner {
+    module: Module,
+    path: PathBuf,
+}
+
+impl Runner {
+    /// Loads the module at `path`; `config` is the configuration cases get
+    /// unless their directory or they have their own.
+    pub fn load(path: &Path, config: Option<&toml::Table>) -> Result<Runner, GoldenError> {
+        let wasm = std::fs::read(path).map_err(io(path))?;
+        let name = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or("module");
+        Runner::from_bytes(name, &wasm, config).map_err(|error| GoldenError::Module {
+            path: path.to_owned(),
+            error,
+        })
+    }
+
+    /// Loads a module from its bytes.
+    pub fn from_bytes(
+        name: &str,
+        wasm: &[u8],
+        config: Option<&toml::Table>,
+    ) -> Result<Runner, TransformError> {
+        let engine = Engine::new(EngineOptions {
+            fuel: true,
+            ..EngineOptions::default()
+        })?;
+        let config = config.map(crate::transform::encode_config).unwrap_or_else(empty_config);
+        let module = Module::new(&engine, name, wasm, Limits::default(), config)?;
+        Ok(Runner {
+            module,
+            path: PathBuf::from(name),
+        })
+    }
+
+    /// The module.
+    pub fn module(&self) -> &Module {
+        &self.module
+    }
+
+    /// Runs one batch with `config` (or the runner's), on a fresh instance.
+    pub fn run_batch(
+        &self,
+        batch: &WireBatch,
+        config: Option<&toml::Table>,
+    ) -> (Actual, Option<u64>, Duration) {
+        let module = match config {
+            Some(table) => self
+                .module
+                .with_config(crate::transform::encode_config(table)),
+            None => self.module.clone(),
+        };
+        let mut chain = Chain::new(&[module]);
+        let started = Instant::now();
+        let result = chain.run_items(source_items(batch));
+        let elapsed = started.elapsed();
+        let fuel = chain.last_fuel().first().copied().flatten();
+        let actual = match result {
+            Ok(transformed) => {
+                Actual::Changes(transformed.changes().map(|c| c.to_wire()).collect())
+            }
+            Err(err) => Actual::from_error(&err.error),
+        };
+        (actual, fuel, elapsed)
+    }
+
+    /// Runs a case and compares; with `bless`, writes the expected file
+    /// from the output instead of failing.
+    pub fn run(
+        &self,
+        case: &Case,
+        dir_config: Option<&toml::Table>,
+        bless: bool,
+    ) -> Result<CaseResult, GoldenError> {
+        let own_config = case.config_path.as_deref().map(read_config).transpose()?;
+        let config = own_config.as_ref().or(dir_config);
+        let (actual, fuel, elapsed) = self.run_batch(&case.input.batch(), config);
+        let mismatch = match &case.expected {
+            None => Some(None),
+            Some(expected) => compare(expected, &actual).map(Some),
+        };
+        let outcome = match mismatch {
+            None => Outcome::Passed,
+            Some(_) if bless => {
+                std::fs::write(&case.expected_path, actual.to_expected_json())
+                    .map_err(io(&case.expected_path))?;
+                Outcome::Blessed
+            }
+            Some(None) => Outcome::MissingExpected,
+            Some(Some(diff)) => Outcome::Failed(diff),
+        };
+        Ok(CaseResult {
+            name: case.name.clone(),
+            outcome,
+            actual,
+            fuel,
+            elapsed,
+        })
+    }
+}
+
+fn empty_config() -> Vec<u8> {
+    crate::transform::encode_config(&toml::Table::new())
+}
+
+/// Compares; None when the actual output is what is expected, else a diff.
+pub fn compare(expected: &Expected, actual: &Actual) -> Option<String> {
+    let matches = match (expected, actual) {
+        (Expected::Changes(want), Actual::Changes(got)) => {
+            want.len() == got.len()
+                && want.iter().zip(got).all(|(w, g)| {
+                    let form = if w.columns_given {
+                        ColumnsForm::Full
+                    } else {
+                        ColumnsForm::Omit
+                    };
+                    comparable(&w.change, form) == comparable(g, form)
+                })
+        }
+        (
+            Expected::Error(want),
+            Actual::Error {
+                kind,
+                message,
+                index,
+            },
+        ) => {
+            want.kind == *kind
+                && message.contains(&want.message)
+                && (want.index.is_none() || want.index == *index)
+        }
+        _ => false,
+    };
+    if matches {
+        return None;
+    }
+    let expected_text = render_expected(expected);
+    let actual_text = render_actual_like(actual, expected);
+    Some(
+        similar::TextDiff::from_lines(&expected_text, &actual_text)
+            .unified_diff()
+            .context_radius(4)
+            .header("expected", "actual")
+            .to_string(),
+    )
+}
+
+fn comparable(change: &WireChange, columns: ColumnsForm) -> serde_json::Value {
+    serde_json::to_value(ChangeJson { change, columns }).unwrap_or(serde_json::Value::Null)
+}
+
+fn render_expected(expected: &Expected) -> String {
+    match expected {
+        Expected::Changes(changes) => {
+            let rendered: Vec<serde_json::Value> = changes
+                .iter()
+                .map(|c| {
+                    let form = if c.columns_given {
+                        ColumnsForm::Auto
+                    } else {
+                        ColumnsForm::Omit
+                    };
+                    comparable(&c.change, form)
+                })
+                .collect();
+            json::to_pretty(&serde_json::json!({ "changes": rendered }))
+        }
+        Expected::Error(error) => json::to_pretty(&serde_json::json!({ "error": error })),
+    }
+}
+
+/// The actual output rendered the way the expected file is written, so the
+/// diff shows only real differences.
+fn render_actual_like(actual: &Actual, expected: &Expected) -> String {
+    match (actual, expected) {
+        (Actual::Changes(got), Expected::Changes(want)) => {
+            let rendered: Vec<serde_json::Value> = got
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    let form = match want.get(i) {
+                        Some(w) if !w.columns_given => ColumnsForm::Omit,
+                        _ => ColumnsForm::Auto,
+                    };
+                    comparable(c, form)
+                })
+                .collect();
+            json::to_pretty(&serde_json::json!({ "changes": rendered }))
+        }
+        _ => actual.to_expected_json(),
+    }
+}
+
+/// The host batch a fixture's batch stands for: each change in the host's
+/// representation when it holds it exactly (as the source would have produced
+/// it), else as given (a snapshot row, a route, a row lacking columns).
+pub fn source_items(batch: &WireBatch) -> Transformed {
+    let mut source = Batch {
+        txn: batch.txn,
+        changes: Vec::new(),
+        bytes: 0,
+    };
+    let mut items = Vec::with_capacity(batch.changes.len());
+    for change in &batch.changes {
+        match host_change(change, &batch.txn).filter(|host| to_wire(host) == *change) {
+            Some(host) => {
+                items.push(Item::Source(source.changes.len()));
+                source.changes.push(host);
+            }
+            None => items.push(Item::Wire(Box::new(change.clone()))),
+        }
+    }
+    Transformed { source, items }
+}
+
+fn host_change(change: &WireChange, txn: &Txn) -> Option<Change> {
+    let relation = || {
+        Arc::new(Relation {
+            oid: 0,
+            schema: change.schema.clone(),
+            table: change.table.clone(),
+            replica_identity: ReplicaIdentity::Default,
+            columns: change
+                .columns
+                .iter()
+                .map(|c| Column::new(&c.name, &c.type_name, c.key))
+                .collect(),
+        })
+    };
+    let aligned = |row: &datum_guest::Row, columns: &[WireColumn]| -> Vec<Value> {
+        columns
+            .iter()
+            .map(|c| row.get(&c.name).cloned().unwrap_or(Value::Null))
+            .collect()
+    };
+    let old_row = |row: &datum_guest::Row| OldRow {
+        key_only: row.len() < change.columns.len(),
+        values: aligned(row, &change.columns),
+    };
+    if change.route.is_some() {
+        return None;
+    }
+    Some(match change.op {
+        Op::Insert => Change::Insert {
+            relation: relation(),
+            new: aligned(change.new.as_ref()?, &change.columns),
+        },
+        Op::Update => Change::Update {
+            relation: relation(),
+            old: change.old.as_ref().map(old_row),
+            new: aligned(change.new.as_ref()?, &change.columns),
+        },
+        Op::Delete => Change::Delete {
+            relation: relation(),
+            old: old_row(change.old.as_ref()?),
+        },
+        Op::Truncate => {
+            let truncate = change.truncate.as_ref()?;
+            Change::Truncate {
+                relations: truncate
+                    .tables
+                    .iter()
+                    .map(|t| {
+                        Arc::new(Relation {
+                            oid: 0,
+                            schema: t.schema.clone(),
+                            table: t.table.clone(),
+                            replica_identity: ReplicaIdentity::Default,
+                            columns: Vec::new(),
+                        })
+                    })
+                    .collect(),
+                cascade: truncate.cascade,
+                restart_identity: truncate.restart_identity,
+            }
+        }
+        Op::Message => {
+            let message = change.message.as_ref()?;
+            Change::Message {
+                transactional: message.transactional,
+                lsn: Lsn(txn.commit_lsn),
+                prefix: message.prefix.clone(),
+                content: message.content.clone(),
+            }
+        }
+        Op::Snapshot => return None,
+    })
+}
+
+/// What `run_suite` does besides running.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Module configuration for every case (over the directory's
+    /// `config.toml`; a case's own `NAME.config.toml` wins over both).
+    pub config: Option<PathBuf>,
+    /// Write expected files from the actual output.
+    pub bless: bool,
+    /// Only the cases whose name contains this.
+    pub filter: Option<String>,
+}
+
+/// A run's tally.
+#[derive(Debug, Clone, Default)]
+pub struct Summary {
+    /// Cases whose output matched.
+    pub passed: usize,
+    /// Cases that failed: a mismatch, a missing expected file, or a fixture
+    /// that does not load.
+    pub failed: usize,
+    /// Expected files written.
+    pub blessed: usize,
+    /// Every case's result, in name order (cases that did not load have
+    /// none).
+    pub results: Vec<CaseResult>,
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} passed, {} failed", self.passed, self.failed)?;
+        if self.blessed > 0 {
+            write!(f, " ({} blessed)", self.blessed)?;
+        }
+        Ok(())
+    }
+}
+
+fn group(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Runs every case of `dir` against the module at `wasm`, writing a line per
+/// case (and a diff per failure) to `out`, then the tally line.
+///
+/// An error is returned only when nothing can run: the module or a
+/// configuration does not load, the directory is unreadable or has no case.
+/// A fixture that does not parse fails its case and the run goes on.
+pub fn run_suite(
+    wasm: &Path,
+    dir: &Path,
+    options: &Options,
+    out: &mut dyn Write,
+) -> Result<Summary, GoldenError> {
+    let dir_config_path = options
+        .config
+        .clone()
+        .or_else(|| Some(dir.join(DIR_CONFIG)).filter(|p| p.exists()));
+    let dir_config = dir_config_path.as_deref().map(read_config).transpose()?;
+    let names = case_names(dir, options.filter.as_deref())?;
+    let runner = Runner::load(wasm, dir_config.as_ref())?;
+    let out_err = |e| GoldenError::Io {
+        path: PathBuf::from("<output>"),
+        source: e,
+    };
+    writeln!(
+        out,
+        "running {} case{} from {} with {} (sha256 {})",
+        names.len(),
+        if names.len() == 1 { "" } else { "s" },
+        dir.display(),
+        runner.path.display(),
+        &runner.module.sha256()[..12],
+    )
+    .map_err(out_err)?;
+    let mut summary = Summary::default();
+    for name in names {
+        let result = Case::load(dir, &name).and_then(|case| {
+            runner.run(&case, dir_config.as_ref(), options.bless)
+        });
+        let result = match result {
+            Ok(result) => result,
+            Err(err @ (GoldenError::Fixture { .. } | GoldenError::Config { .. })) => {
+                summary.failed += 1;
+                writeln!(out, "test {name} ... FAILED\n  {err}").map_err(out_err)?;
+                continue;
+            }
+            Err(err) => return Err(err),
+        };
+        let cost = match result.fuel {
+            Some(fuel) => format!("fuel {}, {:.1?}", group(fuel), result.elapsed),
+            None => format!("{:.1?}", result.elapsed),
+        };
+        match &result.outcome {
+            Outcome::Passed => {
+                summary.passed += 1;
+                writeln!(out, "test {name} ... ok ({cost})")
+            }
+            Outcome::Blessed => {
+                summary.blessed += 1;
+                summary.passed += 1;
+                writeln!(out, "test {name} ... blessed ({cost})")
+            }
+            Outcome::MissingExpected => {
+                summary.failed += 1;
+                writeln!(
+                    out,
+                    "test {name} ... FAILED\n  {} does not exist; run with --bless to write it \
+                     from this output:\n{}",
+                    dir.join(format!("{name}{EXPECTED_SUFFIX}")).display(),
+                    indent(&result.actual.to_expected_json())
+                )
+            }
+            Outcome::Failed(diff) => {
+                summary.failed += 1;
+                writeln!(
+                    out,
+                    "test {name} ... FAILED\n{}",
+                    indent(diff.trim_end())
+                )
+            }
+        }
+        .map_err(out_err)?;
+        summary.results.push(result);
+    }
+    writeln!(out, "{summary}").map_err(out_err)?;
+    Ok(summary)
+}
+
+fn indent(text: &str) -> String {
+    text.lines()
+        .map(|l| format!("    {l}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
