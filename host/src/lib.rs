@@ -10,6 +10,8 @@ pub mod feedback;
 pub mod golden;
 pub mod json;
 pub mod pipeline;
+pub mod record;
+pub mod scaffold;
 pub mod sink;
 pub mod source;
 pub mod throwaway;
