@@ -486,22 +486,26 @@ fn comparable(change: &WireChange, columns: ColumnsForm) -> serde_json::Value {
     serde_json::to_value(ChangeJson { change, columns }).unwrap_or(serde_json::Value::Null)
 }
 
+#[derive(Serialize)]
+struct ChangesDoc<'a> {
+    changes: Vec<ChangeJson<'a>>,
+}
+
 fn render_expected(expected: &Expected) -> String {
     match expected {
-        Expected::Changes(changes) => {
-            let rendered: Vec<serde_json::Value> = changes
+        Expected::Changes(changes) => json::to_pretty(&ChangesDoc {
+            changes: changes
                 .iter()
-                .map(|c| {
-                    let form = if c.columns_given {
+                .map(|c| ChangeJson {
+                    change: &c.change,
+                    columns: if c.columns_given {
                         ColumnsForm::Auto
                     } else {
                         ColumnsForm::Omit
-                    };
-                    comparable(&c.change, form)
+                    },
                 })
-                .collect();
-            json::to_pretty(&serde_json::json!({ "changes": rendered }))
-        }
+                .collect(),
+        }),
         Expected::Error(error) => json::to_pretty(&serde_json::json!({ "error": error })),
     }
 }
@@ -510,20 +514,19 @@ fn render_expected(expected: &Expected) -> String {
 /// diff shows only real differences.
 fn render_actual_like(actual: &Actual, expected: &Expected) -> String {
     match (actual, expected) {
-        (Actual::Changes(got), Expected::Changes(want)) => {
-            let rendered: Vec<serde_json::Value> = got
+        (Actual::Changes(got), Expected::Changes(want)) => json::to_pretty(&ChangesDoc {
+            changes: got
                 .iter()
                 .enumerate()
-                .map(|(i, c)| {
-                    let form = match want.get(i) {
+                .map(|(i, change)| ChangeJson {
+                    change,
+                    columns: match want.get(i) {
                         Some(w) if !w.columns_given => ColumnsForm::Omit,
                         _ => ColumnsForm::Auto,
-                    };
-                    comparable(c, form)
+                    },
                 })
-                .collect();
-            json::to_pretty(&serde_json::json!({ "changes": rendered }))
-        }
+                .collect(),
+        }),
         _ => actual.to_expected_json(),
     }
 }

@@ -1010,13 +1010,141 @@ pub fn read<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, ReadError> 
     Ok(value)
 }
 
-/// Pretty JSON text with a final newline.
+/// JSON text for people: a container that fits on a line of 100
+/// characters stays on one line, a larger one gets a line per element;
+/// keys keep their order. Ends with a newline.
 pub fn to_pretty<T: Serialize + ?Sized>(value: &T) -> String {
-    // Serializing these types to a String cannot fail: every map key is a
-    // string and every number finite.
-    let mut text = serde_json::to_string_pretty(value).unwrap_or_default();
-    text.push('\n');
-    text
+    // Serializing these types cannot fail: every map key is a string, and a
+    // compact document always reads back as a tree.
+    let compact = serde_json::to_string(value).unwrap_or_default();
+    let tree: Node = serde_json::from_str(&compact).unwrap_or(Node::Scalar(compact));
+    let mut out = String::new();
+    tree.write(&mut out, 0);
+    out.push('\n');
+    out
+}
+
+/// A JSON document with its key order kept (serde_json's own map sorts
+/// keys unless a crate-wide feature is turned on).
+enum Node {
+    Scalar(String),
+    Array(Vec<Node>),
+    Object(Vec<(String, Node)>),
+}
+
+const WIDTH: usize = 100;
+
+impl Node {
+    fn compact(&self, out: &mut String) {
+        match self {
+            Node::Scalar(text) => out.push_str(text),
+            Node::Array(items) => {
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    item.compact(out);
+                }
+                out.push(']');
+            }
+            Node::Object(entries) => {
+                out.push('{');
+                for (i, (key, value)) in entries.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    out.push_str(&serde_json::Value::from(key.as_str()).to_string());
+                    out.push_str(": ");
+                    value.compact(out);
+                }
+                out.push('}');
+            }
+        }
+    }
+
+    fn write(&self, out: &mut String, indent: usize) {
+        let mut line = String::new();
+        self.compact(&mut line);
+        let column = out.len() - out.rfind('\n').map_or(0, |i| i + 1);
+        if column + line.len() <= WIDTH || matches!(self, Node::Scalar(_)) {
+            out.push_str(&line);
+            return;
+        }
+        let pad = " ".repeat(indent + 2);
+        match self {
+            Node::Scalar(_) => {}
+            Node::Array(items) => {
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    out.push_str(if i > 0 { ",\n" } else { "\n" });
+                    out.push_str(&pad);
+                    item.write(out, indent + 2);
+                }
+                out.push('\n');
+                out.push_str(&" ".repeat(indent));
+                out.push(']');
+            }
+            Node::Object(entries) => {
+                out.push('{');
+                for (i, (key, value)) in entries.iter().enumerate() {
+                    out.push_str(if i > 0 { ",\n" } else { "\n" });
+                    out.push_str(&pad);
+                    out.push_str(&serde_json::Value::from(key.as_str()).to_string());
+                    out.push_str(": ");
+                    value.write(out, indent + 2);
+                }
+                out.push('\n');
+                out.push_str(&" ".repeat(indent));
+                out.push('}');
+            }
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Node {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Node, D::Error> {
+        struct NodeVisitor;
+        impl<'de> Visitor<'de> for NodeVisitor {
+            type Value = Node;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("JSON")
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Node, E> {
+                Ok(Node::Scalar("null".into()))
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Node, E> {
+                Ok(Node::Scalar(v.to_string()))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Node, E> {
+                Ok(Node::Scalar(v.to_string()))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Node, E> {
+                Ok(Node::Scalar(v.to_string()))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Node, E> {
+                Ok(Node::Scalar(serde_json::Value::from(v).to_string()))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Node, E> {
+                Ok(Node::Scalar(serde_json::Value::from(v).to_string()))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Node, A::Error> {
+                let mut items = Vec::new();
+                while let Some(item) = seq.next_element()? {
+                    items.push(item);
+                }
+                Ok(Node::Array(items))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Node, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(entry) = map.next_entry()? {
+                    entries.push(entry);
+                }
+                Ok(Node::Object(entries))
+            }
+        }
+        deserializer.deserialize_any(NodeVisitor)
+    }
 }
 
 #[cfg(test)]
