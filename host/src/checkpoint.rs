@@ -302,6 +302,80 @@ impl Store {
     }
 }
 
+/// A batch a pipeline set aside under `on_error = "dead_letter"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    /// The pipeline.
+    pub pipeline: String,
+    /// Its number within the pipeline, from 1, in the order set aside.
+    pub id: u64,
+    /// The batch as the failing pipeline's first module receives it: the
+    /// MessagePack input envelope `{txn, changes}` of `docs/abi.md`.
+    pub batch: Vec<u8>,
+    /// What went wrong.
+    pub error: String,
+    /// The version of the module that failed (0 when not from the module
+    /// registry).
+    pub module_version: u64,
+    /// When it was set aside, µs since the Unix epoch.
+    pub at: i64,
+}
+
+impl Store {
+    /// Durably stores a dead letter; returns its id.
+    pub fn add_dead_letter(
+        &self,
+        pipeline: &str,
+        batch: &[u8],
+        error: &str,
+        module_version: u64,
+    ) -> Result<u64, CheckpointError> {
+        let txn = self.db.begin_write().map_err(|e| self.storage(e))?;
+        let id = {
+            let mut table = txn.open_table(DEAD_LETTERS).map_err(|e| self.storage(e))?;
+            let last = table
+                .range((pipeline, 0)..=(pipeline, u64::MAX))
+                .map_err(|e| self.storage(e))?
+                .next_back()
+                .transpose()
+                .map_err(|e| self.storage(e))?
+                .map_or(0, |(k, _)| k.value().1);
+            let id = last + 1;
+            table
+                .insert((pipeline, id), (batch, error, module_version, now_micros()))
+                .map_err(|e| self.storage(e))?;
+            id
+        };
+        txn.commit().map_err(|e| self.storage(e))?;
+        Ok(id)
+    }
+
+    /// The dead letters of `pipeline` (of every pipeline when None), in
+    /// pipeline then id order.
+    pub fn dead_letters(&self, pipeline: Option<&str>) -> Result<Vec<DeadLetter>, CheckpointError> {
+        let txn = self.db.begin_read().map_err(|e| self.storage(e))?;
+        let table = txn.open_table(DEAD_LETTERS).map_err(|e| self.storage(e))?;
+        let mut letters = Vec::new();
+        for entry in table.iter().map_err(|e| self.storage(e))? {
+            let (key, value) = entry.map_err(|e| self.storage(e))?;
+            let (name, id) = key.value();
+            if pipeline.is_some_and(|p| p != name) {
+                continue;
+            }
+            let (batch, error, module_version, at) = value.value();
+            letters.push(DeadLetter {
+                pipeline: name.to_owned(),
+                id,
+                batch: batch.to_vec(),
+                error: error.to_owned(),
+                module_version,
+                at,
+            });
+        }
+        Ok(letters)
+    }
+}
+
 fn open_error(path: &Path, err: redb::DatabaseError) -> CheckpointError {
     match err {
         redb::DatabaseError::DatabaseAlreadyOpen => CheckpointError::InUse {

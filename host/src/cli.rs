@@ -32,7 +32,8 @@ pub enum Command {
         /// Tables the pipeline needs, `schema.table` or `table` (in public).
         #[arg(long, value_delimiter = ',', num_args = 1..)]
         tables: Vec<String>,
-    },    /// Run a transform module on golden fixtures: each NAME.input.json
+    },
+    /// Run a transform module on golden fixtures: each NAME.input.json
     /// batch in FIXTURES, compared with NAME.expected.json. Prints a diff per
     /// mismatch and `N passed, M failed`; exits 1 if any case failed.
     Test {

@@ -362,7 +362,9 @@ impl Runner {
             fuel: true,
             ..EngineOptions::default()
         })?;
-        let config = config.map(crate::transform::encode_config).unwrap_or_else(empty_config);
+        let config = config
+            .map(crate::transform::encode_config)
+            .unwrap_or_else(empty_config);
         let module = Module::new(&engine, name, wasm, Limits::default(), config)?;
         Ok(Runner {
             module,
@@ -711,9 +713,8 @@ pub fn run_suite(
     .map_err(out_err)?;
     let mut summary = Summary::default();
     for name in names {
-        let result = Case::load(dir, &name).and_then(|case| {
-            runner.run(&case, dir_config.as_ref(), options.bless)
-        });
+        let result = Case::load(dir, &name)
+            .and_then(|case| runner.run(&case, dir_config.as_ref(), options.bless));
         let result = match result {
             Ok(result) => result,
             Err(err @ (GoldenError::Fixture { .. } | GoldenError::Config { .. })) => {
@@ -749,11 +750,7 @@ pub fn run_suite(
             }
             Outcome::Failed(diff) => {
                 summary.failed += 1;
-                writeln!(
-                    out,
-                    "test {name} ... FAILED\n{}",
-                    indent(diff.trim_end())
-                )
+                writeln!(out, "test {name} ... FAILED\n{}", indent(diff.trim_end()))
             }
         }
         .map_err(out_err)?;

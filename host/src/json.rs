@@ -14,8 +14,7 @@
 use std::fmt;
 
 use datum_guest::wire::{
-    Batch, Change, Column, Date, Interval, LogicalMessage, Op, Row, Timestamp, Truncate, Txn,
-    Value,
+    Batch, Change, Column, Date, Interval, LogicalMessage, Op, Row, Timestamp, Truncate, Txn, Value,
 };
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::ser::{SerializeMap, SerializeSeq};
@@ -59,14 +58,14 @@ impl Serialize for JsonValue {
             Value::Numeric(n) => tagged(serializer, "numeric", n),
             Value::Text(t) => serializer.serialize_str(t),
             Value::Bytes(b) => tagged(serializer, "bytes", &hex(b)),
-            Value::Json(text) => match serde_json::from_str::<serde_json::Value>(text) {
-                Ok(json) => tagged(serializer, "json", &json),
-                Err(_) => tagged(serializer, "json_text", text),
+            // As a JSON value when that reads back to the same text (jsonb's
+            // output always does), else as text, so no byte changes.
+            Value::Json(text) => match serde_json::from_str::<Node>(text) {
+                Ok(node) if node.compact_string() == *text => tagged(serializer, "json", &node),
+                _ => tagged(serializer, "json_text", text),
             },
             Value::Timestamp(t) => tagged(serializer, "timestamp", &format_timestamp(*t, false)),
-            Value::TimestampTz(t) => {
-                tagged(serializer, "timestamptz", &format_timestamp(*t, true))
-            }
+            Value::TimestampTz(t) => tagged(serializer, "timestamptz", &format_timestamp(*t, true)),
             Value::Date(d) => tagged(serializer, "date", &format_date(*d)),
             Value::Time(t) => tagged(serializer, "time", &format_time(*t)),
             Value::Uuid(u) => tagged(serializer, "uuid", &format_uuid(u)),
@@ -179,7 +178,11 @@ impl<'de> Visitor<'de> for ValueVisitor {
             }
             "numeric" => {
                 let t = text(&mut map)?;
-                typed(TypeKind::Numeric, &t, "a numeric (decimal text like \"12.50\")")?
+                typed(
+                    TypeKind::Numeric,
+                    &t,
+                    "a numeric (decimal text like \"12.50\")",
+                )?
             }
             "bytes" => {
                 let t = text(&mut map)?;
@@ -190,10 +193,8 @@ impl<'de> Visitor<'de> for ValueVisitor {
                     ))
                 })?)
             }
-            "json" => {
-                let json: serde_json::Value = map.next_value()?;
-                Value::Json(json.to_string())
-            }
+            // jsonb's text form: keys in the order written, `, ` and `: `.
+            "json" => Value::Json(map.next_value::<Node>()?.compact_string()),
             "json_text" => Value::Json(text(&mut map)?),
             "timestamp" => {
                 let t = normalize_timestamp(&text(&mut map)?);
@@ -641,10 +642,7 @@ fn type_of(value: &Value) -> Option<String> {
                 let element = items.iter().find_map(type_of);
                 return Some(format!(
                     "{}[]",
-                    element
-                        .as_deref()
-                        .unwrap_or("text")
-                        .trim_end_matches("[]")
+                    element.as_deref().unwrap_or("text").trim_end_matches("[]")
                 ));
             }
             Value::Other { type_name, .. } => return Some(type_name.clone()),
@@ -791,9 +789,7 @@ impl ChangeDoc {
         let columns_given = self.columns.is_some() || self.key.is_some();
         let columns = match (self.columns, self.key) {
             (Some(_), Some(_)) => {
-                return Err(
-                    "give `columns` (with `key` flags) or `key`, not both".to_owned(),
-                );
+                return Err("give `columns` (with `key` flags) or `key`, not both".to_owned());
             }
             (Some(columns), None) => {
                 let columns: Vec<Column> = columns
@@ -807,7 +803,9 @@ impl ChangeDoc {
                 for row in [&new, &old].into_iter().flatten() {
                     if let Some(name) = row.names().find(|n| !columns.iter().any(|c| c.name == *n))
                     {
-                        return Err(format!("the row has column `{name}`, which `columns` lacks"));
+                        return Err(format!(
+                            "the row has column `{name}`, which `columns` lacks"
+                        ));
                     }
                 }
                 columns
@@ -1017,7 +1015,8 @@ pub fn to_pretty<T: Serialize + ?Sized>(value: &T) -> String {
     // Serializing these types cannot fail: every map key is a string, and a
     // compact document always reads back as a tree.
     let compact = serde_json::to_string(value).unwrap_or_default();
-    let tree: Node = serde_json::from_str(&compact).unwrap_or(Node::Scalar(compact));
+    let tree: Node =
+        serde_json::from_str(&compact).unwrap_or(Node::Scalar(serde_json::Value::String(compact)));
     let mut out = String::new();
     tree.write(&mut out, 0);
     out.push('\n');
@@ -1027,7 +1026,7 @@ pub fn to_pretty<T: Serialize + ?Sized>(value: &T) -> String {
 /// A JSON document with its key order kept (serde_json's own map sorts
 /// keys unless a crate-wide feature is turned on).
 enum Node {
-    Scalar(String),
+    Scalar(serde_json::Value),
     Array(Vec<Node>),
     Object(Vec<(String, Node)>),
 }
@@ -1037,7 +1036,7 @@ const WIDTH: usize = 100;
 impl Node {
     fn compact(&self, out: &mut String) {
         match self {
-            Node::Scalar(text) => out.push_str(text),
+            Node::Scalar(value) => out.push_str(&value.to_string()),
             Node::Array(items) => {
                 out.push('[');
                 for (i, item) in items.iter().enumerate() {
@@ -1061,6 +1060,12 @@ impl Node {
                 out.push('}');
             }
         }
+    }
+
+    fn compact_string(&self) -> String {
+        let mut out = String::new();
+        self.compact(&mut out);
+        out
     }
 
     fn write(&self, out: &mut String, indent: usize) {
@@ -1102,6 +1107,28 @@ impl Node {
     }
 }
 
+impl Serialize for Node {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Node::Scalar(value) => value.serialize(serializer),
+            Node::Array(items) => {
+                let mut seq = serializer.serialize_seq(Some(items.len()))?;
+                for item in items {
+                    seq.serialize_element(item)?;
+                }
+                seq.end()
+            }
+            Node::Object(entries) => {
+                let mut map = serializer.serialize_map(Some(entries.len()))?;
+                for (key, value) in entries {
+                    map.serialize_entry(key, value)?;
+                }
+                map.end()
+            }
+        }
+    }
+}
+
 impl<'de> Deserialize<'de> for Node {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Node, D::Error> {
         struct NodeVisitor;
@@ -1111,22 +1138,22 @@ impl<'de> Deserialize<'de> for Node {
                 f.write_str("JSON")
             }
             fn visit_unit<E: de::Error>(self) -> Result<Node, E> {
-                Ok(Node::Scalar("null".into()))
+                Ok(Node::Scalar(serde_json::Value::Null))
             }
             fn visit_bool<E: de::Error>(self, v: bool) -> Result<Node, E> {
-                Ok(Node::Scalar(v.to_string()))
+                Ok(Node::Scalar(v.into()))
             }
             fn visit_i64<E: de::Error>(self, v: i64) -> Result<Node, E> {
-                Ok(Node::Scalar(v.to_string()))
+                Ok(Node::Scalar(v.into()))
             }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<Node, E> {
-                Ok(Node::Scalar(v.to_string()))
+                Ok(Node::Scalar(v.into()))
             }
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<Node, E> {
-                Ok(Node::Scalar(serde_json::Value::from(v).to_string()))
+                Ok(Node::Scalar(v.into()))
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Node, E> {
-                Ok(Node::Scalar(serde_json::Value::from(v).to_string()))
+                Ok(Node::Scalar(v.into()))
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Node, A::Error> {
                 let mut items = Vec::new();
@@ -1192,18 +1219,18 @@ mod tests {
             value(r#"{"timestamptz": "1970-01-01 02:00:00+02"}"#),
             Value::TimestampTz(Timestamp::Micros(0))
         );
-        assert_eq!(value(r#"{"date": "1970-01-02"}"#), Value::Date(Date::Days(1)));
+        assert_eq!(
+            value(r#"{"date": "1970-01-02"}"#),
+            Value::Date(Date::Days(1))
+        );
         assert_eq!(
             value(r#"{"numeric": "12.50"}"#),
             Value::Numeric("12.50".into())
         );
-        assert_eq!(
-            value(r#"{"bytes": "\\x00ff"}"#),
-            Value::Bytes(vec![0, 255])
-        );
+        assert_eq!(value(r#"{"bytes": "\\x00ff"}"#), Value::Bytes(vec![0, 255]));
         assert_eq!(
             value(r#"{"json": {"a": [1, 2]}}"#),
-            Value::Json(r#"{"a":[1,2]}"#.into())
+            Value::Json(r#"{"a": [1, 2]}"#.into())
         );
         assert!(matches!(value(r#"{"float": "NaN"}"#), Value::Float(f) if f.is_nan()));
     }
@@ -1222,6 +1249,7 @@ mod tests {
             Value::Text("ü \"q\"".into()),
             Value::Bytes(vec![0, 1, 254]),
             Value::Json("[1,{\"b\":null}]".into()),
+            Value::Json("{\"b\": 1, \"aa\": [true, null, 1.5, \"x\"]}".into()),
             Value::Json("not json".into()),
             Value::Timestamp(Timestamp::Micros(1_764_669_600_123_456)),
             Value::Timestamp(Timestamp::Micros(-62_135_596_800_000_001)),
@@ -1316,16 +1344,15 @@ mod tests {
         .unwrap_err();
         assert_eq!(err.field, "changes[0].new.at");
         assert_eq!(err.line, 3);
-        let err = read::<ReadBatch>(r#"{"changes": [{"op": "upsert", "table": "t"}]}"#)
-            .unwrap_err();
+        let err =
+            read::<ReadBatch>(r#"{"changes": [{"op": "upsert", "table": "t"}]}"#).unwrap_err();
         assert_eq!(err.field, "changes[0].op");
         assert!(err.message.contains("insert"), "{err}");
-        let err =
-            read::<ReadBatch>(r#"{"changes": [{"op": "insert", "table": "t", "nwe": {}}]}"#)
-                .unwrap_err();
-        assert!(err.message.contains("unknown field `nwe`"), "{err}");
-        let err = read::<ReadBatch>(r#"{"changes": [{"op": "delete", "table": "t"}]}"#)
+        let err = read::<ReadBatch>(r#"{"changes": [{"op": "insert", "table": "t", "nwe": {}}]}"#)
             .unwrap_err();
+        assert!(err.message.contains("unknown field `nwe`"), "{err}");
+        let err =
+            read::<ReadBatch>(r#"{"changes": [{"op": "delete", "table": "t"}]}"#).unwrap_err();
         assert!(err.message.contains("needs `old`"), "{err}");
         assert_eq!(err.field, "changes[0]");
     }
@@ -1348,7 +1375,10 @@ mod tests {
         let written = to_pretty(&BatchJson(&batch.batch()));
         let again: ReadBatch = read(&written).expect(&written);
         assert_eq!(again.batch(), batch.batch(), "{written}");
-        assert!(written.contains("\"columns\""), "int4 is not inferable: {written}");
+        assert!(
+            written.contains("\"columns\""),
+            "int4 is not inferable: {written}"
+        );
         assert!(written.contains("\"key\": [\"id\"]"), "{written}");
     }
 }

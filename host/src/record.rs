@@ -1,40 +1,264 @@
-//! `datum record`. (Being written.)
+//! `datum record`: real batches as golden-test inputs, so that fixtures come
+//! from real traffic instead of being written by hand.
+//!
+//! Two sources. A replication slot: a temporary copy of the slot is made
+//! (`pg_copy_logical_replication_slot`) and its pending changes are peeked
+//! through pgoutput's SQL interface, decoded by the same decoder and
+//! assembler the pipeline uses — the slot itself is never read, advanced or
+//! held, so recording works while a pipeline streams from it. Or a state
+//! file's dead letters: the batches a pipeline set aside under
+//! `on_error = "dead_letter"`, exactly as its first module received them.
+//!
+//! Either way the files hold real rows. The command line warns about it;
+//! this module only writes what it is given.
 
 use std::path::{Path, PathBuf};
+
+use datum_guest::wire;
+
+use crate::checkpoint::Store;
+use crate::json::{self, BatchJson};
+use crate::source::assembler::{Assembler, BatchLimits};
+use crate::source::replication::quote_literal;
+use crate::source::{ConnInfo, Lsn, SourceError, catalog, pgoutput};
+use crate::transform::encode::to_wire;
+
+/// Messages peeked at most: bounds the work the server does for one record.
+pub const MAX_MESSAGES: i64 = 200_000;
 
 /// Where and how much to write.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// Directory.
+    /// Directory for the `NAME.input.json` files (created if missing).
     pub out: PathBuf,
-    /// Most batches.
+    /// Most batches to write.
     pub limit: usize,
     /// File name prefix.
     pub prefix: String,
-    /// Overwrite.
+    /// Replace existing files.
     pub force: bool,
 }
 
 /// Why recording failed.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct RecordError(String);
-
-/// From a slot.
-pub async fn from_slot(
-    _conninfo: &str,
-    _slot: Option<&str>,
-    _publication: Option<&str>,
-    _options: &Options,
-) -> Result<Vec<PathBuf>, RecordError> {
-    Err(RecordError("not written yet".into()))
+pub enum RecordError {
+    /// Something needed was not given.
+    #[error("{0}")]
+    Usage(String),
+    /// The source database.
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    /// The slot cannot be recorded from.
+    #[error("{0}")]
+    Slot(String),
+    /// The state file.
+    #[error(transparent)]
+    State(#[from] crate::checkpoint::CheckpointError),
+    /// A dead letter's batch does not decode.
+    #[error("dead letter {pipeline}/{id}: its batch does not decode: {reason}")]
+    DeadLetter {
+        /// The pipeline.
+        pipeline: String,
+        /// The id.
+        id: u64,
+        /// Why.
+        reason: String,
+    },
+    /// Nothing to record.
+    #[error("{0}")]
+    Empty(String),
+    /// A file.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What happened.
+        source: std::io::Error,
+    },
+    /// A file exists.
+    #[error("{} exists; pass --force to replace it, or choose another --prefix", .0.display())]
+    Exists(PathBuf),
 }
 
-/// From dead letters.
-pub fn from_dead_letters(
-    _state: &Path,
-    _pipeline: Option<&str>,
-    _options: &Options,
+/// Records up to `options.limit` pending transactions of `slot`, decoded
+/// with `publication`, without consuming them.
+pub async fn from_slot(
+    conninfo: &str,
+    slot: Option<&str>,
+    publication: Option<&str>,
+    options: &Options,
 ) -> Result<Vec<PathBuf>, RecordError> {
-    Err(RecordError("not written yet".into()))
+    let (Some(slot), Some(publication)) = (slot, publication) else {
+        return Err(RecordError::Usage(
+            "recording from a database needs --slot and --publication (those of the pipeline)"
+                .into(),
+        ));
+    };
+    let info: ConnInfo = conninfo
+        .parse()
+        .map_err(|e| RecordError::Usage(format!("{e}")))?;
+    let client = catalog::connect(&info).await?;
+    let plugin: Option<String> = client
+        .query_opt(
+            "SELECT plugin::text FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()",
+            &[&slot],
+        )
+        .await
+        .map_err(SourceError::Sql)?
+        .map(|row| row.get(0));
+    match plugin.as_deref() {
+        None => {
+            return Err(RecordError::Slot(format!(
+                "slot `{slot}` does not exist in this database (`datum check URL --slot {slot}` \
+                 shows what a pipeline needs)"
+            )));
+        }
+        Some("pgoutput") => {}
+        Some(other) => {
+            return Err(RecordError::Slot(format!(
+                "slot `{slot}` uses the `{other}` plugin; Datum reads pgoutput slots"
+            )));
+        }
+    }
+    // A temporary copy, dropped when this session ends: the real slot is
+    // neither read nor held.
+    let copy = format!("datum_record_{}", std::process::id());
+    client
+        .execute(
+            "SELECT pg_copy_logical_replication_slot($1, $2, true)",
+            &[&slot, &copy],
+        )
+        .await
+        .map_err(|e| {
+            RecordError::Slot(format!(
+                "cannot make a temporary copy of slot `{slot}` to peek at: {} (it needs one \
+                 free replication slot: raise max_replication_slots if they are all used)",
+                catalog::error_chain(&e)
+            ))
+        })?;
+    let rows = client
+        .query(
+            &format!(
+                "SELECT data FROM pg_logical_slot_peek_binary_changes($1, NULL, $2::int, \
+                 'proto_version', '1', 'publication_names', {})",
+                quote_literal(publication)
+            ),
+            &[&copy, &(MAX_MESSAGES as i32)],
+        )
+        .await
+        .map_err(|e| {
+            RecordError::Slot(format!(
+                "cannot read slot `{slot}` with publication `{publication}`: {}",
+                catalog::error_chain(&e)
+            ))
+        })?;
+    let mut assembler = Assembler::new(BatchLimits::default(), Lsn::ZERO);
+    let mut batches = Vec::new();
+    for row in &rows {
+        let data: &[u8] = row.get(0);
+        let message = pgoutput::decode(data).map_err(SourceError::from)?;
+        if let pgoutput::Message::Relation(relation) = &message {
+            let missing = assembler.missing_types(relation);
+            if !missing.is_empty() {
+                assembler.add_types(catalog::resolve_types(&client, &missing).await?);
+            }
+        }
+        if let Some(batch) = assembler.push(message)? {
+            batches.push(wire::Batch {
+                txn: batch.txn,
+                changes: batch.changes.iter().map(to_wire).collect(),
+            });
+            if batches.len() >= options.limit {
+                break;
+            }
+        }
+    }
+    let _ = client
+        .execute("SELECT pg_drop_replication_slot($1)", &[&copy])
+        .await;
+    if batches.is_empty() {
+        return Err(RecordError::Empty(format!(
+            "slot `{slot}` holds no pending transaction that publication `{publication}` \
+             publishes; make some changes to its tables and record again"
+        )));
+    }
+    let named: Vec<(String, wire::Batch)> = batches
+        .into_iter()
+        .enumerate()
+        .map(|(i, b)| (format!("{}-{:03}", options.prefix, i + 1), b))
+        .collect();
+    write_all(&named, options)
+}
+
+/// Records the dead letters of `pipeline` (of every pipeline when None) from
+/// a state file. The pipeline must not be running: the state file has one
+/// user at a time.
+pub fn from_dead_letters(
+    state: &Path,
+    pipeline: Option<&str>,
+    options: &Options,
+) -> Result<Vec<PathBuf>, RecordError> {
+    if !state.exists() {
+        return Err(RecordError::Usage(format!(
+            "{}: no such state file (the `state` path of the host's configuration)",
+            state.display()
+        )));
+    }
+    let store = Store::open(state)?;
+    let letters = store.dead_letters(pipeline)?;
+    if letters.is_empty() {
+        return Err(RecordError::Empty(match pipeline {
+            Some(p) => format!("pipeline `{p}` has no dead letters in {}", state.display()),
+            None => format!("{} holds no dead letters", state.display()),
+        }));
+    }
+    let mut named = Vec::new();
+    for letter in letters.into_iter().take(options.limit) {
+        let batch: wire::Batch =
+            wire::from_msgpack(&letter.batch).map_err(|e| RecordError::DeadLetter {
+                pipeline: letter.pipeline.clone(),
+                id: letter.id,
+                reason: e.to_string(),
+            })?;
+        tracing::info!(
+            pipeline = %letter.pipeline,
+            id = letter.id,
+            error = %letter.error,
+            "recording dead letter"
+        );
+        named.push((
+            format!("{}-{}-{}", options.prefix, letter.pipeline, letter.id),
+            batch,
+        ));
+    }
+    write_all(&named, options)
+}
+
+fn write_all(
+    batches: &[(String, wire::Batch)],
+    options: &Options,
+) -> Result<Vec<PathBuf>, RecordError> {
+    let io = |path: &Path| {
+        let path = path.to_owned();
+        move |source| RecordError::Io { path, source }
+    };
+    std::fs::create_dir_all(&options.out).map_err(io(&options.out))?;
+    let paths: Vec<PathBuf> = batches
+        .iter()
+        .map(|(name, _)| {
+            options
+                .out
+                .join(format!("{name}{}", crate::golden::INPUT_SUFFIX))
+        })
+        .collect();
+    // Check every name before writing any, so a refusal leaves nothing half done.
+    if !options.force
+        && let Some(existing) = paths.iter().find(|p| p.exists())
+    {
+        return Err(RecordError::Exists(existing.clone()));
+    }
+    for ((_, batch), path) in batches.iter().zip(&paths) {
+        std::fs::write(path, json::to_pretty(&BatchJson(batch))).map_err(io(path))?;
+    }
+    Ok(paths)
 }

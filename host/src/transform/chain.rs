@@ -106,10 +106,7 @@ impl Chain {
     /// representation cannot hold (a snapshot row, a route set upstream),
     /// as golden tests give them.
     pub fn run_items(&mut self, input: Transformed) -> Result<Transformed, ChainError> {
-        let Transformed {
-            source,
-            mut items,
-        } = input;
+        let Transformed { source, mut items } = input;
         let meta = CallMeta {
             commit_time: source.txn.commit_time,
             commit_lsn: source.txn.commit_lsn,

@@ -5,6 +5,7 @@
 mod checkpoint;
 mod harness;
 mod modules;
+mod record;
 mod source;
 mod tls_harness;
 mod transform;
