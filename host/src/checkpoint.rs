@@ -492,6 +492,29 @@ mod tests {
     }
 
     #[test]
+    fn dead_letters_are_numbered_per_pipeline_and_survive_reopening() {
+        let dir = tempdir();
+        let path = dir.join("state.redb");
+        {
+            let store = Store::open(&path).expect("create");
+            assert_eq!(store.add_dead_letter("a", b"one", "e1", 3).expect("add"), 1);
+            assert_eq!(store.add_dead_letter("b", b"x", "e", 1).expect("add"), 1);
+            assert_eq!(store.add_dead_letter("a", b"two", "e2", 4).expect("add"), 2);
+        }
+        let store = Store::open(&path).expect("reopen");
+        let a = store.dead_letters(Some("a")).expect("list");
+        assert_eq!(
+            a.iter()
+                .map(|d| (d.id, d.batch.as_slice(), d.error.as_str(), d.module_version))
+                .collect::<Vec<_>>(),
+            [(1, &b"one"[..], "e1", 3), (2, &b"two"[..], "e2", 4)]
+        );
+        assert!(a.iter().all(|d| d.pipeline == "a" && d.at > 0));
+        assert_eq!(store.dead_letters(None).expect("all").len(), 3);
+        assert_eq!(store.add_dead_letter("a", b"3", "e3", 4).expect("add"), 3);
+    }
+
+    #[test]
     fn offsets_survive_reopening_and_never_go_backwards() {
         let dir = tempdir();
         let path = dir.join("state.redb");

@@ -766,3 +766,108 @@ fn indent(text: &str) -> String {
         .collect::<Vec<_>>()
         .join("\n")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(json: &str) -> WireBatch {
+        json::read::<ReadBatch>(json).expect(json).batch()
+    }
+
+    fn expected(json: &str) -> Expected {
+        json::read(json).expect(json)
+    }
+
+    #[test]
+    fn changes_the_source_could_produce_become_host_changes() {
+        let b = batch(
+            r#"{"changes": [
+                {"op": "insert", "table": "t", "key": ["id"], "new": {"id": 1, "v": "a"}},
+                {"op": "update", "table": "t", "key": ["id"], "old": {"id": 1},
+                 "new": {"id": 2, "v": {"unchanged": true}}},
+                {"op": "delete", "table": "t", "old": {"id": 2, "v": "a"}},
+                {"op": "truncate", "truncate": {"tables": [{"schema": "s", "table": "u"}]}},
+                {"op": "message", "message": {"prefix": "p", "content": "hi"}},
+                {"op": "snapshot", "table": "t", "new": {"id": 3}},
+                {"op": "insert", "table": "t", "new": {"id": 4}, "route": "r"}
+            ]}"#,
+        );
+        let items = source_items(&b);
+        assert_eq!(items.source.changes.len(), 5);
+        assert!(matches!(
+            items.items.as_slice(),
+            [
+                Item::Source(0),
+                Item::Source(1),
+                Item::Source(2),
+                Item::Source(3),
+                Item::Source(4),
+                Item::Wire(_),
+                Item::Wire(_)
+            ]
+        ));
+        // Whatever path each took, the module sees the fixture's changes.
+        let seen: Vec<WireChange> = items.changes().map(|c| c.to_wire()).collect();
+        assert_eq!(seen, b.changes);
+        match &items.source.changes[1] {
+            Change::Update { old: Some(old), .. } => assert!(old.key_only),
+            other => panic!("{other:?}"),
+        }
+        match &items.source.changes[2] {
+            Change::Delete { old, .. } => assert!(!old.key_only),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn only_what_the_expected_file_states_is_compared() {
+        let int4 = Actual::Changes(
+            batch(
+                r#"{"changes": [{"op": "insert", "table": "t",
+                    "columns": [{"name": "id", "type": "int4", "key": true}], "new": {"id": 1}}]}"#,
+            )
+            .changes,
+        );
+        let loose = expected(r#"{"changes": [{"op": "insert", "table": "t", "new": {"id": 1}}]}"#);
+        assert_eq!(compare(&loose, &int4), None, "columns not stated");
+        let typed = expected(
+            r#"{"changes": [{"op": "insert", "table": "t",
+                "columns": [{"name": "id", "type": "int8", "key": true}], "new": {"id": 1}}]}"#,
+        );
+        let diff = compare(&typed, &int4).expect("int8 is not int4");
+        assert!(diff.contains("-") && diff.contains("int4"), "{diff}");
+        let other_value =
+            expected(r#"{"changes": [{"op": "insert", "table": "t", "new": {"id": 1.0}}]}"#);
+        assert!(
+            compare(&other_value, &int4).is_some(),
+            "1.0 is a float, not 1"
+        );
+        assert!(compare(&expected(r#"{"changes": []}"#), &int4).is_some());
+    }
+
+    #[test]
+    fn an_expected_error_matches_on_kind_substring_and_index() {
+        let actual = Actual::Error {
+            kind: "guest_error".into(),
+            message: "amount must be positive (got -3)".into(),
+            index: Some(2),
+        };
+        let want = |json: &str| compare(&expected(json), &actual);
+        assert_eq!(
+            want(r#"{"error": {"kind": "guest_error", "message": "must be positive"}}"#),
+            None
+        );
+        assert_eq!(
+            want(r#"{"error": {"kind": "guest_error", "message": "", "index": 2}}"#),
+            None
+        );
+        assert!(want(r#"{"error": {"kind": "trap"}}"#).is_some());
+        assert!(want(r#"{"error": {"kind": "guest_error", "index": 1}}"#).is_some());
+        assert!(want(r#"{"error": {"kind": "guest_error", "message": "negative"}}"#).is_some());
+        assert!(want(r#"{"changes": []}"#).is_some());
+        let err = json::read::<Expected>(r#"{"changes": [], "error": {"kind": "trap"}}"#)
+            .expect_err("both");
+        assert!(err.message.contains("exactly one"), "{err}");
+    }
+}
