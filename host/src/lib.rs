@@ -6,6 +6,7 @@
 
 pub mod batch;
 pub mod checkpoint;
+pub mod config;
 pub mod feedback;
 pub mod golden;
 pub mod json;

@@ -1,0 +1,705 @@
+//! The host's configuration file (`docs/config.md`): one TOML file, several
+//! pipelines.
+//!
+//! Owns the file's schema, its defaults, `${VAR}` interpolation from the
+//! environment (for secrets: the file can be committed, the password stays
+//! in the environment), and validation that names the key and the line of
+//! what is wrong. It turns the file into the typed settings the source,
+//! transforms and sinks take; it does not start anything.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::de::{self, Deserializer};
+use serde::Deserialize;
+
+use crate::source::BatchLimits;
+use crate::transform::Limits;
+
+/// Why the configuration cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file cannot be read.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What happened.
+        source: std::io::Error,
+    },
+    /// The file is not valid, with the line and key.
+    #[error("{}: {message}", path.display())]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// toml's report (line, column, the line itself) and ours.
+        message: String,
+    },
+}
+
+/// The whole file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The state file (offsets, modules, dead letters). Relative paths are
+    /// relative to the configuration file's directory.
+    #[serde(default = "default_state")]
+    pub state: Text,
+    /// The pipelines, `[[pipeline]]` tables.
+    #[serde(default)]
+    pub pipeline: Vec<PipelineSpec>,
+}
+
+fn default_state() -> Text {
+    Text("datum-state.redb".into())
+}
+
+/// One `[[pipeline]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineSpec {
+    /// Its name: the key of its checkpoint, and a label in logs.
+    pub name: Name,
+    /// `[pipeline.source]`.
+    pub source: SourceSpec,
+    /// `[[pipeline.transforms]]`, run in order.
+    #[serde(default)]
+    pub transforms: Vec<TransformSpec>,
+    /// `[pipeline.sink]`.
+    pub sink: SinkSpec,
+    /// `[pipeline.batch]`.
+    #[serde(default)]
+    pub batch: BatchSpec,
+    /// What a module failure does.
+    #[serde(default)]
+    pub on_error: OnError,
+    /// Batches in flight between stages (source → transforms → sink).
+    #[serde(default = "default_in_flight")]
+    pub in_flight: Count,
+}
+
+fn default_in_flight() -> Count {
+    Count(4)
+}
+
+/// `[pipeline.source]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceSpec {
+    /// Connection string (`postgres://` URL or `key=value` pairs); use
+    /// `${VAR}` for the password.
+    pub url: Text,
+    /// The publication; `datum_<pipeline>` by default.
+    pub publication: Option<Name>,
+    /// The replication slot; `datum_<pipeline>` by default.
+    pub slot: Option<Name>,
+    /// Tables to publish (`schema.table`, or `table` in `public`); with none,
+    /// the publication must exist.
+    #[serde(default)]
+    pub tables: Vec<Text>,
+    /// When Datum creates the publication: partitions under the root's name.
+    #[serde(default)]
+    pub publish_via_partition_root: bool,
+    /// Terminate a walsender that still holds the slot after a crash.
+    #[serde(default = "yes")]
+    pub terminate_stale_holder: bool,
+    /// Recreate a lost slot and start over (the target then needs a resync).
+    #[serde(default)]
+    pub recreate_slot: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `[[pipeline.transforms]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TransformSpec {
+    /// The `.wasm` file; relative to the configuration file's directory.
+    pub module: Text,
+    /// A name for logs and the admin API; the file's stem by default.
+    pub name: Option<Name>,
+    /// The table handed to the module's `datum_init`.
+    #[serde(default)]
+    pub config: toml::Table,
+    /// `[pipeline.transforms.limits]`.
+    #[serde(default)]
+    pub limits: LimitsSpec,
+}
+
+/// A module's limits; each defaults to the runtime's.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSpec {
+    /// CPU time per batch (`"1s"`, `"250ms"`).
+    pub timeout: Option<Span>,
+    /// Fuel per batch (turns on fuel metering for the host).
+    pub fuel: Option<u64>,
+    /// Linear memory (`"64MiB"`).
+    pub memory: Option<Size>,
+    /// Largest encoded batch.
+    pub max_input: Option<Size>,
+    /// Largest encoded output.
+    pub max_output: Option<Size>,
+    /// Largest module file.
+    pub max_module: Option<Size>,
+}
+
+impl LimitsSpec {
+    /// The runtime limits these settings give.
+    pub fn limits(&self) -> Limits {
+        let d = Limits::default();
+        Limits {
+            timeout: self.timeout.map_or(d.timeout, |s| s.0),
+            fuel: self.fuel,
+            memory: self.memory.map_or(d.memory, |s| s.0),
+            max_input: self.max_input.map_or(d.max_input, |s| s.0),
+            max_output: self.max_output.map_or(d.max_output, |s| s.0),
+            max_module: self.max_module.map_or(d.max_module, |s| s.0),
+            max_log: d.max_log,
+        }
+    }
+}
+
+/// `[pipeline.batch]`: when a large transaction is cut into chunks.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchSpec {
+    /// Most changes per batch.
+    pub max_rows: Option<Count>,
+    /// Most bytes of row data per batch (`"8MiB"`).
+    pub max_bytes: Option<Size>,
+}
+
+impl BatchSpec {
+    /// The source's batch limits.
+    pub fn limits(&self) -> BatchLimits {
+        let d = BatchLimits::default();
+        BatchLimits {
+            max_rows: self.max_rows.map_or(d.max_rows, |c| c.0),
+            max_bytes: self.max_bytes.map_or(d.max_bytes, |s| s.0),
+        }
+    }
+}
+
+/// What a module failure does (`DESIGN.md` §2.6).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnError {
+    /// Stop the pipeline, keep the offset, report the error.
+    #[default]
+    Fail,
+    /// Log, count, and go on without the batch.
+    Skip,
+    /// Store the input batch and the error in the state file, go on.
+    DeadLetter,
+}
+
+/// `[pipeline.sink]`, by `type`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum SinkSpec {
+    /// JSON lines on standard output.
+    Stdout {},
+    /// JSON lines in a file, fsynced before each acknowledgement.
+    File {
+        /// The file; relative to the configuration file's directory.
+        path: Text,
+        /// Start a new file once this one reaches this size (`"100MiB"`).
+        rotate_at: Option<Size>,
+    },
+    /// Changes applied to a PostgreSQL database.
+    Postgres {
+        /// Connection string of the target.
+        url: Text,
+        /// Target schema for every table (else the source's schema).
+        schema: Option<Name>,
+        /// `source table → target table`, both `schema.table`.
+        #[serde(default)]
+        tables: BTreeMap<String, Text>,
+    },
+    /// Each batch POSTed as JSON.
+    Http {
+        /// Where to POST.
+        url: Text,
+        /// Extra headers (`Authorization = "Bearer ${TOKEN}"`).
+        #[serde(default)]
+        headers: BTreeMap<String, Text>,
+        /// Per-request timeout.
+        #[serde(default = "default_http_timeout")]
+        timeout: Span,
+        /// First retry delay; doubles, with jitter, up to `retry_max`.
+        #[serde(default = "default_retry_initial")]
+        retry_initial: Span,
+        /// Longest delay between retries.
+        #[serde(default = "default_retry_max")]
+        retry_max: Span,
+    },
+}
+
+fn default_http_timeout() -> Span {
+    Span(Duration::from_secs(10))
+}
+
+fn default_retry_initial() -> Span {
+    Span(Duration::from_millis(200))
+}
+
+fn default_retry_max() -> Span {
+    Span(Duration::from_secs(30))
+}
+
+// ---------------------------------------------------------------------------
+// Value types: each checks itself where it is read, so toml reports the line.
+
+/// A string with `${VAR}` replaced by the environment variable's value
+/// (`$${` writes a literal `${`). An unset variable is an error.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Text(pub String);
+
+impl fmt::Debug for Text {
+    // Interpolated values may be secrets: never print them.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Text(..)")
+    }
+}
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Text, D::Error> {
+        let raw = String::deserialize(deserializer)?;
+        interpolate(&raw, &|name| std::env::var(name).ok())
+            .map(Text)
+            .map_err(de::Error::custom)
+    }
+}
+
+/// Replaces `${NAME}` by `env(NAME)`.
+pub fn interpolate(raw: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+    let mut out = String::with_capacity(raw.len());
+    let mut rest = raw;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        rest = &rest[at..];
+        if let Some(after) = rest.strip_prefix("$${") {
+            out.push_str("${");
+            rest = after;
+        } else if let Some(after) = rest.strip_prefix("${") {
+            let end = after
+                .find('}')
+                .ok_or_else(|| "`${` without a closing `}`".to_owned())?;
+            let name = &after[..end];
+            if name.is_empty()
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_')
+            {
+                return Err(format!(
+                    "`${{{name}}}`: a variable name has letters, digits and `_` only"
+                ));
+            }
+            let value = env(name).ok_or_else(|| {
+                format!("environment variable `{name}` is not set (it is used here as `${{{name}}}`)")
+            })?;
+            out.push_str(&value);
+            rest = &after[end + 1..];
+        } else {
+            out.push('$');
+            rest = &rest[1..];
+        }
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// A name for a pipeline, slot, publication, module or schema: letters,
+/// digits and `_`, starting with a letter or `_`, at most 63 bytes (what
+/// PostgreSQL allows for slot names, the strictest of them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Name(pub String);
+
+impl<'de> Deserialize<'de> for Name {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Name, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        let valid = !name.is_empty()
+            && name.len() <= 63
+            && name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+            && !name.starts_with(|c: char| c.is_ascii_digit());
+        if valid {
+            Ok(Name(name))
+        } else {
+            Err(de::Error::custom(format!(
+                "`{name}` is not a valid name: use lowercase letters, digits and `_`, \
+                 not starting with a digit, at most 63 characters"
+            )))
+        }
+    }
+}
+
+/// A positive count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Count(pub usize);
+
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Count, D::Error> {
+        let n = i64::deserialize(deserializer)?;
+        match usize::try_from(n) {
+            Ok(n) if n > 0 => Ok(Count(n)),
+            _ => Err(de::Error::custom(format!("{n} is not a positive number"))),
+        }
+    }
+}
+
+/// A duration: `"500ms"`, `"5s"`, `"2m"`, `"1h"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span(pub Duration);
+
+impl<'de> Deserialize<'de> for Span {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Span, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        parse_span(&text).map(Span).ok_or_else(|| {
+            de::Error::custom(format!(
+                "`{text}` is not a duration: write a number and a unit, like \"500ms\", \"5s\", \"2m\""
+            ))
+        })
+    }
+}
+
+fn parse_span(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit())?;
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number.parse().ok()?;
+    let millis = match unit.trim() {
+        "ms" => n,
+        "s" => n.checked_mul(1000)?,
+        "m" | "min" => n.checked_mul(60_000)?,
+        "h" => n.checked_mul(3_600_000)?,
+        _ => return None,
+    };
+    (millis > 0).then(|| Duration::from_millis(millis))
+}
+
+/// A size in bytes: an integer, or `"64KiB"`, `"8MiB"`, `"1GiB"` (also `KB`,
+/// `MB`, `GB` as powers of 1000).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Size(pub usize);
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Size, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Int(i64),
+            Text(String),
+        }
+        let bad = |what: &str| {
+            de::Error::custom(format!(
+                "`{what}` is not a size: write bytes, or a number and a unit, like \"64MiB\""
+            ))
+        };
+        match Raw::deserialize(deserializer)? {
+            Raw::Int(n) => usize::try_from(n)
+                .ok()
+                .filter(|n| *n > 0)
+                .map(Size)
+                .ok_or_else(|| bad(&n.to_string())),
+            Raw::Text(text) => parse_size(&text).map(Size).ok_or_else(|| bad(&text)),
+        }
+    }
+}
+
+fn parse_size(text: &str) -> Option<usize> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let n: usize = number.parse().ok()?;
+    let scale: usize = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "KB" | "kB" => 1000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        _ => return None,
+    };
+    n.checked_mul(scale).filter(|n| *n > 0)
+}
+
+// ---------------------------------------------------------------------------
+// Loading.
+
+impl Config {
+    /// Reads and checks the file at `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        let invalid = |message: String| ConfigError::Invalid {
+            path: path.to_owned(),
+            message,
+        };
+        let mut config = Config::parse(&text).map_err(invalid)?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        config.resolve_paths(base);
+        Ok(config)
+    }
+
+    /// Parses and checks a configuration's text (paths unresolved).
+    pub fn parse(text: &str) -> Result<Config, String> {
+        let mut config: Config = toml::from_str(text).map_err(|e| e.to_string())?;
+        config.check()?;
+        for pipeline in &mut config.pipeline {
+            for transform in &mut pipeline.transforms {
+                interpolate_table(&mut transform.config, &|n| std::env::var(n).ok()).map_err(
+                    |e| {
+                        format!(
+                            "pipeline `{}`, transform `{}`: config: {e}",
+                            pipeline.name.0, transform.module.0
+                        )
+                    },
+                )?;
+            }
+        }
+        Ok(config)
+    }
+
+    /// Checks what spans several keys.
+    fn check(&self) -> Result<(), String> {
+        if self.pipeline.is_empty() {
+            return Err(
+                "no pipeline: add a [[pipeline]] table (docs/config.md has a complete example)"
+                    .into(),
+            );
+        }
+        let mut names = std::collections::HashSet::new();
+        let mut slots = std::collections::HashMap::new();
+        for p in &self.pipeline {
+            if !names.insert(&p.name.0) {
+                return Err(format!("two pipelines are named `{}`", p.name.0));
+            }
+            let slot = p.slot();
+            if let Some(other) = slots.insert(slot.clone(), &p.name.0) {
+                return Err(format!(
+                    "pipelines `{other}` and `{}` both use slot `{slot}`: each pipeline needs \
+                     its own slot",
+                    p.name.0
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn resolve_paths(&mut self, base: &Path) {
+        let resolve = |text: &mut Text| {
+            let path = Path::new(&text.0);
+            if path.is_relative() {
+                text.0 = base.join(path).to_string_lossy().into_owned();
+            }
+        };
+        resolve(&mut self.state);
+        for p in &mut self.pipeline {
+            for t in &mut p.transforms {
+                resolve(&mut t.module);
+            }
+            if let SinkSpec::File { path, .. } = &mut p.sink {
+                resolve(path);
+            }
+        }
+    }
+}
+
+impl PipelineSpec {
+    /// The slot: as configured, or `datum_<name>`.
+    pub fn slot(&self) -> String {
+        self.source
+            .slot
+            .as_ref()
+            .map_or_else(|| format!("datum_{}", self.name.0), |s| s.0.clone())
+    }
+
+    /// The publication: as configured, or `datum_<name>`.
+    pub fn publication(&self) -> String {
+        self.source
+            .publication
+            .as_ref()
+            .map_or_else(|| format!("datum_{}", self.name.0), |s| s.0.clone())
+    }
+}
+
+/// Interpolates every string inside a module's configuration table.
+fn interpolate_table(
+    table: &mut toml::Table,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(), String> {
+    fn walk(
+        value: &mut toml::Value,
+        path: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<(), String> {
+        match value {
+            toml::Value::String(s) => {
+                *s = interpolate(s, env).map_err(|e| format!("`{path}`: {e}"))?;
+            }
+            toml::Value::Array(items) => {
+                for (i, item) in items.iter_mut().enumerate() {
+                    walk(item, &format!("{path}[{i}]"), env)?;
+                }
+            }
+            toml::Value::Table(t) => {
+                for (k, v) in t.iter_mut() {
+                    walk(v, &format!("{path}.{k}"), env)?;
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+    for (k, v) in table.iter_mut() {
+        walk(v, k, env)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+[[pipeline]]
+name = "orders"
+source.url = "postgres://localhost/app"
+sink.type = "stdout"
+"#;
+
+    #[test]
+    fn a_minimal_file_gets_the_documented_defaults() {
+        let config = Config::parse(MINIMAL).expect("parses");
+        assert_eq!(config.state.0, "datum-state.redb");
+        let p = &config.pipeline[0];
+        assert_eq!(p.slot(), "datum_orders");
+        assert_eq!(p.publication(), "datum_orders");
+        assert_eq!(p.on_error, OnError::Fail);
+        assert_eq!(p.in_flight, Count(4));
+        assert!(p.transforms.is_empty());
+        assert!(p.source.terminate_stale_holder);
+        assert_eq!(p.batch.limits(), BatchLimits::default());
+        assert!(matches!(p.sink, SinkSpec::Stdout {}));
+    }
+
+    #[test]
+    fn every_key_reads() {
+        let text = r#"
+state = "/var/lib/datum/state.redb"
+
+[[pipeline]]
+name = "orders"
+on_error = "dead_letter"
+in_flight = 8
+source = { url = "host=db dbname=app", publication = "p", slot = "s", tables = ["public.orders"], publish_via_partition_root = true, terminate_stale_holder = false, recreate_slot = true }
+batch = { max_rows = 500, max_bytes = "1MiB" }
+
+[[pipeline.transforms]]
+module = "mask_pii.wasm"
+name = "mask"
+config = { columns = ["email"], salt = "s" }
+limits = { timeout = "250ms", fuel = 1000000, memory = "16MiB", max_input = 1048576, max_output = "2MB", max_module = "5MiB" }
+
+[pipeline.sink]
+type = "http"
+url = "https://example.com/hook"
+headers = { Authorization = "Bearer t" }
+timeout = "2s"
+retry_initial = "100ms"
+retry_max = "1m"
+"#;
+        let config = Config::parse(text).expect("parses");
+        let p = &config.pipeline[0];
+        assert_eq!(p.on_error, OnError::DeadLetter);
+        assert_eq!(p.batch.limits().max_bytes, 1 << 20);
+        let limits = p.transforms[0].limits.limits();
+        assert_eq!(limits.timeout, Duration::from_millis(250));
+        assert_eq!(limits.memory, 16 << 20);
+        assert_eq!(limits.max_output, 2_000_000);
+        assert_eq!(limits.fuel, Some(1_000_000));
+        match &p.sink {
+            SinkSpec::Http {
+                headers, retry_max, ..
+            } => {
+                assert_eq!(headers["Authorization"].0, "Bearer t");
+                assert_eq!(retry_max.0, Duration::from_secs(60));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn error(text: &str) -> String {
+        Config::parse(text).expect_err(text)
+    }
+
+    #[test]
+    fn mistakes_name_the_key_and_the_line() {
+        let e = error(&MINIMAL.replace("sink.type", "sink.typo = 1\nsink.type"));
+        assert!(e.contains("typo") && e.contains("line 5"), "{e}");
+        let e = error(&format!("{MINIMAL}on_error = \"retry\"\n"));
+        assert!(e.contains("retry") && e.contains("fail"), "{e}");
+        let e = error(&format!("{MINIMAL}batch.max_bytes = \"8 parsecs\"\n"));
+        assert!(e.contains("not a size") && e.contains("line 6"), "{e}");
+        let e = error(&MINIMAL.replace("\"orders\"", "\"Orders!\""));
+        assert!(e.contains("not a valid name") && e.contains("line 3"), "{e}");
+        let e = error(&MINIMAL.replace("\"stdout\"", "\"kafka\""));
+        assert!(e.contains("kafka"), "{e}");
+        let e = error(&format!("{MINIMAL}{MINIMAL}"));
+        assert!(e.contains("two pipelines are named `orders`"), "{e}");
+        let e = error("state = \"x\"\n");
+        assert!(e.contains("no pipeline"), "{e}");
+        let e = error(&MINIMAL.replace("source.url", "source.urll"));
+        assert!(e.contains("urll"), "{e}");
+    }
+
+    #[test]
+    fn variables_come_from_the_environment() {
+        let env = |name: &str| (name == "PW").then(|| "s3cret".to_owned());
+        assert_eq!(
+            interpolate("postgres://u:${PW}@h/db", &env).unwrap(),
+            "postgres://u:s3cret@h/db"
+        );
+        assert_eq!(interpolate("cost: $5, $${PW}", &env).unwrap(), "cost: $5, ${PW}");
+        let e = interpolate("${NOPE}", &env).unwrap_err();
+        assert!(e.contains("`NOPE` is not set"), "{e}");
+        assert!(interpolate("${PW", &env).is_err());
+        assert!(interpolate("${A-B}", &env).is_err());
+        // Through the file: the error has the line, and secrets never show in Debug.
+        // SAFETY: no other test reads this variable.
+        unsafe { std::env::set_var("DATUM_CONFIG_TEST_PW", "hunter2") };
+        let config = Config::parse(&MINIMAL.replace(
+            "localhost/app",
+            "u:${DATUM_CONFIG_TEST_PW}@localhost/app",
+        ))
+        .expect("parses");
+        assert!(config.pipeline[0].source.url.0.contains("hunter2"));
+        assert!(!format!("{config:?}").contains("hunter2"));
+        let e = error(&MINIMAL.replace("localhost/app", "${DATUM_CONFIG_TEST_UNSET}"));
+        assert!(e.contains("DATUM_CONFIG_TEST_UNSET") && e.contains("line 4"), "{e}");
+    }
+
+    #[test]
+    fn sizes_and_durations() {
+        assert_eq!(parse_size("64KiB"), Some(65_536));
+        assert_eq!(parse_size("10"), Some(10));
+        assert_eq!(parse_size("0MiB"), None);
+        assert_eq!(parse_size("1 TB"), None);
+        assert_eq!(parse_span("250ms"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_span("2m"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_span("5"), None);
+        assert_eq!(parse_span("0s"), None);
+    }
+}
