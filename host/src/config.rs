@@ -12,8 +12,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::de::{self, Deserializer};
 use serde::Deserialize;
+use serde::de::{self, Deserializer};
 
 use crate::source::BatchLimits;
 use crate::transform::Limits;
@@ -291,17 +291,15 @@ pub fn interpolate(raw: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<St
                 .find('}')
                 .ok_or_else(|| "`${` without a closing `}`".to_owned())?;
             let name = &after[..end];
-            if name.is_empty()
-                || !name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_')
-            {
+            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
                 return Err(format!(
                     "`${{{name}}}`: a variable name has letters, digits and `_` only"
                 ));
             }
             let value = env(name).ok_or_else(|| {
-                format!("environment variable `{name}` is not set (it is used here as `${{{name}}}`)")
+                format!(
+                    "environment variable `{name}` is not set (it is used here as `${{{name}}}`)"
+                )
             })?;
             out.push_str(&value);
             rest = &after[end + 1..];
@@ -654,7 +652,10 @@ retry_max = "1m"
         let e = error(&format!("{MINIMAL}batch.max_bytes = \"8 parsecs\"\n"));
         assert!(e.contains("not a size") && e.contains("line 6"), "{e}");
         let e = error(&MINIMAL.replace("\"orders\"", "\"Orders!\""));
-        assert!(e.contains("not a valid name") && e.contains("line 3"), "{e}");
+        assert!(
+            e.contains("not a valid name") && e.contains("line 3"),
+            "{e}"
+        );
         let e = error(&MINIMAL.replace("\"stdout\"", "\"kafka\""));
         assert!(e.contains("kafka"), "{e}");
         let e = error(&format!("{MINIMAL}{MINIMAL}"));
@@ -672,7 +673,10 @@ retry_max = "1m"
             interpolate("postgres://u:${PW}@h/db", &env).unwrap(),
             "postgres://u:s3cret@h/db"
         );
-        assert_eq!(interpolate("cost: $5, $${PW}", &env).unwrap(), "cost: $5, ${PW}");
+        assert_eq!(
+            interpolate("cost: $5, $${PW}", &env).unwrap(),
+            "cost: $5, ${PW}"
+        );
         let e = interpolate("${NOPE}", &env).unwrap_err();
         assert!(e.contains("`NOPE` is not set"), "{e}");
         assert!(interpolate("${PW", &env).is_err());
@@ -680,15 +684,17 @@ retry_max = "1m"
         // Through the file: the error has the line, and secrets never show in Debug.
         // SAFETY: no other test reads this variable.
         unsafe { std::env::set_var("DATUM_CONFIG_TEST_PW", "hunter2") };
-        let config = Config::parse(&MINIMAL.replace(
-            "localhost/app",
-            "u:${DATUM_CONFIG_TEST_PW}@localhost/app",
-        ))
+        let config = Config::parse(
+            &MINIMAL.replace("localhost/app", "u:${DATUM_CONFIG_TEST_PW}@localhost/app"),
+        )
         .expect("parses");
         assert!(config.pipeline[0].source.url.0.contains("hunter2"));
         assert!(!format!("{config:?}").contains("hunter2"));
         let e = error(&MINIMAL.replace("localhost/app", "${DATUM_CONFIG_TEST_UNSET}"));
-        assert!(e.contains("DATUM_CONFIG_TEST_UNSET") && e.contains("line 4"), "{e}");
+        assert!(
+            e.contains("DATUM_CONFIG_TEST_UNSET") && e.contains("line 4"),
+            "{e}"
+        );
     }
 
     #[test]

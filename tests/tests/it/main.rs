@@ -3,9 +3,11 @@
 //! `docs/testing.md` for why one per test rather than a shared one).
 
 mod checkpoint;
+mod golden;
 mod harness;
 mod modules;
 mod record;
+mod scaffold;
 mod source;
 mod tls_harness;
 mod transform;
