@@ -441,6 +441,8 @@ pub enum ColumnsForm {
     Auto,
     /// Never (when a fixture left them out, so a diff shows no noise).
     Omit,
+    /// Never, but the key's column names as `key` (sinks' JSON lines).
+    KeyOnly,
     /// Always.
     Full,
 }
@@ -478,7 +480,7 @@ impl Serialize for ChangeJson<'_> {
             .collect();
         let write_columns = match self.columns {
             ColumnsForm::Full => !c.columns.is_empty(),
-            ColumnsForm::Omit => false,
+            ColumnsForm::Omit | ColumnsForm::KeyOnly => false,
             ColumnsForm::Auto => {
                 let key: Vec<String> = key.iter().map(|k| (*k).to_owned()).collect();
                 infer_columns(c.new.as_ref(), c.old.as_ref(), &key) != c.columns

@@ -1,27 +1,43 @@
-//! One pipeline: the source, the sink, and the acknowledgements between them
-//! that move the checkpoint (DESIGN.md §1–§2).
+//! One pipeline: source, transforms, sink, and the acknowledgements between
+//! them that move the checkpoint (DESIGN.md §1–§2).
 //!
 //! Owns the wiring and the order of events: read the checkpoint, prepare the
 //! slot (refusing when changes were lost, unless told to recreate it), stream
-//! batches through the sink, acknowledge each to the feedback coordinator
-//! once the sink has it durably, and let the commit loop persist the
-//! watermark before PostgreSQL hears of it. A sink error is retried with
-//! back-off and never advances the checkpoint.
+//! batches through the module chain and the sink, acknowledge each to the
+//! feedback coordinator once the sink has it durably (or once `on_error` has
+//! dealt with it), and let the commit loop persist the watermark before
+//! PostgreSQL hears of it.
 //!
-//! It does not own the stages themselves; transforms join between source and
-//! sink with the WebAssembly runtime.
+//! Stages are joined by bounded channels, so back-pressure reaches the
+//! socket: the source (a task), the transforms (a thread of their own: they
+//! are CPU-bound and must not stall the async workers), the sink (a task).
+//! Several batches are in flight at once; the feedback coordinator keeps
+//! checkpoints in commit order whatever order acknowledgements come in.
+//!
+//! A sink error is retried with capped exponential back-off and never
+//! advances the checkpoint. A module failure follows `on_error`: `fail`
+//! stops the pipeline without acknowledging the batch, `skip` acknowledges
+//! it unwritten, `dead_letter` stores it in the state file first. Shutdown
+//! stops the source, drains what is in flight within `drain_timeout`,
+//! commits the checkpoint and returns.
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 
+use crate::batch::Batch;
 use crate::checkpoint::{self, CheckpointError, CommitPolicy, Offset, Store};
+use crate::config::OnError;
 use crate::feedback::Feedback;
 use crate::sink::{Sink, SinkError};
 use crate::source::stream::SourceStats;
 use crate::source::{self, SourceConfig, SourceError};
+use crate::transform::chain::ChainError;
+use crate::transform::encode::{ChangeRef, encode_input};
+use crate::transform::{Chain, Module, Transformed};
 
 /// How a pipeline runs.
 #[derive(Debug, Clone)]
@@ -30,7 +46,12 @@ pub struct PipelineConfig {
     pub name: String,
     /// Where changes come from.
     pub source: SourceConfig,
-    /// Batches buffered between source and sink.
+    /// The modules every batch goes through, in order (none: batches go to
+    /// the sink as the source produced them).
+    pub modules: Vec<Module>,
+    /// What a module failure does.
+    pub on_error: OnError,
+    /// Batches buffered between each two stages.
     pub channel_capacity: usize,
     /// How checkpoints are committed.
     pub commit: CommitPolicy,
@@ -39,18 +60,24 @@ pub struct PipelineConfig {
     pub sink_retry_initial: Duration,
     /// Longest delay between sink retries.
     pub sink_retry_max: Duration,
+    /// On shutdown, how long batches in flight may take to reach the sink.
+    pub drain_timeout: Duration,
 }
 
 impl PipelineConfig {
-    /// A pipeline with default buffering, commit policy and retries.
+    /// A pipeline without modules, with default buffering, commit policy,
+    /// retries and error policy (`fail`).
     pub fn new(name: &str, source: SourceConfig) -> PipelineConfig {
         PipelineConfig {
             name: name.to_owned(),
             source,
+            modules: Vec::new(),
+            on_error: OnError::Fail,
             channel_capacity: 4,
             commit: CommitPolicy::default(),
             sink_retry_initial: Duration::from_millis(100),
             sink_retry_max: Duration::from_secs(30),
+            drain_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -67,6 +94,35 @@ pub enum PipelineError {
     /// The sink refused a batch definitely.
     #[error("sink: {0}")]
     Sink(#[from] SinkError),
+    /// A module failed and `on_error` is `fail`.
+    #[error("transform (batch xid {xid}, commit {commit_lsn}): {error}")]
+    Transform {
+        /// The failing batch's transaction.
+        xid: u32,
+        /// Its commit LSN.
+        commit_lsn: source::Lsn,
+        /// The failure.
+        error: ChainError,
+    },
+}
+
+/// A running pipeline's counters.
+#[derive(Debug, Default)]
+pub struct PipelineStats {
+    /// Batches the sink acknowledged.
+    pub batches_written: AtomicU64,
+    /// Changes in them (after the transforms).
+    pub changes_written: AtomicU64,
+    /// Batches a module failed on.
+    pub module_failures: AtomicU64,
+    /// Of those, skipped under `on_error = "skip"`.
+    pub skipped: AtomicU64,
+    /// Of those, stored under `on_error = "dead_letter"`.
+    pub dead_letters: AtomicU64,
+    /// Sink writes retried.
+    pub sink_retries: AtomicU64,
+    /// Time spent in the modules, µs.
+    pub transform_micros: AtomicU64,
 }
 
 /// What a running pipeline exposes.
@@ -76,6 +132,14 @@ pub struct Handles {
     pub feedback: Arc<Feedback>,
     /// The source's counters.
     pub stats: Arc<SourceStats>,
+    /// The pipeline's counters.
+    pub pipeline: Arc<PipelineStats>,
+}
+
+/// What the transform stage hands the sink stage.
+enum Staged {
+    Ready(Transformed),
+    Failed(Batch, ChainError),
 }
 
 /// Runs the pipeline until `shutdown` completes or it fails definitely.
@@ -96,11 +160,13 @@ pub async fn run<S: Sink>(
         offset = Offset::default();
         store.reset_offset(&name, offset)?;
     }
-    tracing::info!(pipeline = %name, resume_after = %offset.end_lsn, "pipeline starting");
+    tracing::info!(pipeline = %name, resume_after = %offset.end_lsn, modules = config.modules.len(), "pipeline starting");
 
     let feedback = Feedback::new(offset);
     let stats = Arc::new(SourceStats::default());
-    let (stop_tx, stop_rx) = watch::channel(false);
+    let counters = Arc::new(PipelineStats::default());
+    let (stop_source, source_stopped) = watch::channel(false);
+    let (stop_commits, commits_stopped) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
@@ -109,33 +175,58 @@ pub async fn run<S: Sink>(
         name.clone(),
         feedback.clone(),
         config.commit,
-        stopped(stop_rx.clone()),
+        stopped(commits_stopped),
     ));
-    let (tx, mut rx) = mpsc::channel(config.channel_capacity.max(1));
+    let capacity = config.channel_capacity.max(1);
+    let (source_tx, source_rx) = mpsc::channel(capacity);
+    let (staged_tx, mut staged_rx) = mpsc::channel(capacity);
     let mut source_task = tokio::spawn(source::stream::run(
         config.source.clone(),
         offset.end_lsn,
-        tx,
+        source_tx,
         feedback.clone(),
         stats.clone(),
-        stopped(stop_rx.clone()),
+        stopped(source_stopped),
     ));
+    let transformer = spawn_transforms(&name, &config.modules, source_rx, staged_tx, &counters);
     if let Some(started) = started {
         let _ = started.send(Handles {
             feedback: feedback.clone(),
             stats: stats.clone(),
+            pipeline: counters.clone(),
         });
     }
 
     let mut shutdown = std::pin::pin!(shutdown);
+    let mut deadline: Option<tokio::time::Instant> = None;
+    let drain_over = |deadline: Option<tokio::time::Instant>| async move {
+        match deadline {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    };
     let outcome: Result<(), PipelineError> = loop {
-        let batch = tokio::select! {
+        let staged = tokio::select! {
             biased;
-            _ = shutdown.as_mut() => break Ok(()),
-            batch = rx.recv() => batch,
+            _ = shutdown.as_mut(), if deadline.is_none() => {
+                // Stop reading; what is in flight still reaches the sink.
+                tracing::info!(pipeline = %name, "stopping: draining batches in flight");
+                let _ = stop_source.send(true);
+                deadline = Some(tokio::time::Instant::now() + config.drain_timeout);
+                continue;
+            }
+            _ = drain_over(deadline) => {
+                tracing::warn!(pipeline = %name, "batches still in flight at the drain timeout are left for the next start");
+                break Ok(());
+            }
+            staged = staged_rx.recv() => staged,
         };
-        let Some(batch) = batch else {
-            // The source ended: a definite error, or it was stopped.
+        let Some(staged) = staged else {
+            // The source ended (stopped, or a definite error) and the
+            // transform stage passed on everything it had.
+            if deadline.is_some() {
+                break Ok(());
+            }
             break match (&mut source_task).await {
                 Ok(result) => result.map_err(PipelineError::from),
                 Err(err) => Err(PipelineError::Source(SourceError::Protocol(format!(
@@ -143,16 +234,34 @@ pub async fn run<S: Sink>(
                 )))),
             };
         };
+        let transformed = match staged {
+            Staged::Ready(transformed) => transformed,
+            Staged::Failed(batch, error) => {
+                counters.module_failures.fetch_add(1, Ordering::Relaxed);
+                match handle_failure(&config, &store, &counters, &batch, error).await {
+                    Ok(()) => {
+                        feedback.ack(&batch.txn);
+                        continue;
+                    }
+                    Err(err) => break Err(err),
+                }
+            }
+        };
         let mut delay = config.sink_retry_initial;
         let written = loop {
-            match sink.write(&batch).await {
+            match sink.write(&transformed).await {
                 Ok(()) => break Ok(()),
                 Err(err) if err.transient => {
+                    counters.sink_retries.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(pipeline = %name, error = %err, retry_in = ?delay, "sink write failed; retrying");
-                    tokio::select! {
+                    let stop = tokio::select! {
                         biased;
-                        _ = shutdown.as_mut() => break Err(None),
-                        _ = tokio::time::sleep(delay) => {}
+                        _ = shutdown.as_mut(), if deadline.is_none() => true,
+                        _ = drain_over(deadline) => true,
+                        _ = tokio::time::sleep(jitter(delay)) => false,
+                    };
+                    if stop {
+                        break Err(None);
                     }
                     delay = (delay * 2).min(config.sink_retry_max);
                 }
@@ -160,19 +269,130 @@ pub async fn run<S: Sink>(
             }
         };
         match written {
-            Ok(()) => feedback.ack(&batch.txn),
+            Ok(()) => {
+                counters.batches_written.fetch_add(1, Ordering::Relaxed);
+                counters
+                    .changes_written
+                    .fetch_add(transformed.len() as u64, Ordering::Relaxed);
+                feedback.ack(transformed.txn());
+            }
             Err(None) => break Ok(()),
             Err(Some(err)) => break Err(PipelineError::Sink(err)),
         }
     };
 
-    // Stop reading, then commit what the sink acknowledged.
-    let _ = stop_tx.send(true);
-    drop(rx);
+    // Stop reading (if not yet), let the stages end, commit what the sink
+    // acknowledged.
+    let _ = stop_source.send(true);
+    drop(staged_rx);
     if !source_task.is_finished() {
         let _ = source_task.await;
     }
+    let _ = tokio::task::spawn_blocking(move || transformer.join()).await;
+    let _ = stop_commits.send(true);
     let _ = committer.await;
     tracing::info!(pipeline = %name, checkpoint = %feedback.flushed(), "pipeline stopped");
     outcome
+}
+
+/// ±20 % of `delay`, so that many pipelines retrying the same destination
+/// do not retry in step.
+fn jitter(delay: Duration) -> Duration {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let factor = 0.8 + f64::from(nanos % 1000) / 2500.0;
+    delay.mul_f64(factor)
+}
+
+/// The transform stage: a thread that runs the chain on each batch.
+fn spawn_transforms(
+    name: &str,
+    modules: &[Module],
+    mut input: mpsc::Receiver<Batch>,
+    output: mpsc::Sender<Staged>,
+    counters: &Arc<PipelineStats>,
+) -> std::thread::JoinHandle<()> {
+    let mut chain = Chain::new(modules);
+    let empty = modules.is_empty();
+    let counters = counters.clone();
+    let span = tracing::info_span!("transforms", pipeline = %name);
+    std::thread::Builder::new()
+        .name(format!("datum-transform-{name}"))
+        .spawn(move || {
+            let _entered = span.enter();
+            while let Some(batch) = input.blocking_recv() {
+                let staged = if empty {
+                    Staged::Ready(Transformed::untouched(batch))
+                } else {
+                    let started = Instant::now();
+                    let result = chain.run_ref(&batch);
+                    counters
+                        .transform_micros
+                        .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+                    match result {
+                        Ok(items) => Staged::Ready(Transformed {
+                            source: batch,
+                            items,
+                        }),
+                        Err(error) => Staged::Failed(batch, error),
+                    }
+                };
+                if output.blocking_send(staged).is_err() {
+                    break;
+                }
+            }
+        })
+        .expect("spawning the transform thread")
+}
+
+/// Applies `on_error` to a batch a module failed on; Ok means the batch is
+/// dealt with and may be acknowledged.
+async fn handle_failure(
+    config: &PipelineConfig,
+    store: &Arc<Store>,
+    counters: &PipelineStats,
+    batch: &Batch,
+    error: ChainError,
+) -> Result<(), PipelineError> {
+    let name = &config.name;
+    let commit_lsn = source::Lsn(batch.txn.commit_lsn);
+    match config.on_error {
+        OnError::Fail => {
+            tracing::error!(pipeline = %name, xid = batch.txn.xid, commit_lsn = %commit_lsn, error = %error, "module failed; stopping the pipeline (on_error = \"fail\")");
+            Err(PipelineError::Transform {
+                xid: batch.txn.xid,
+                commit_lsn,
+                error,
+            })
+        }
+        OnError::Skip => {
+            counters.skipped.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(pipeline = %name, xid = batch.txn.xid, commit_lsn = %commit_lsn, changes = batch.changes.len(), error = %error, "module failed; batch skipped (on_error = \"skip\")");
+            Ok(())
+        }
+        OnError::DeadLetter => {
+            let bytes = encode_input(&batch.txn, batch.changes.iter().map(ChangeRef::Source))
+                .map_err(|e| {
+                    PipelineError::Checkpoint(CheckpointError::Storage {
+                        path: store.path().to_owned(),
+                        detail: format!("encoding a dead letter: {e}"),
+                    })
+                })?;
+            let (store, pipeline, message) = (store.clone(), name.clone(), error.to_string());
+            let id = tokio::task::spawn_blocking(move || {
+                store.add_dead_letter(&pipeline, &bytes, &message, 0)
+            })
+            .await
+            .map_err(|e| {
+                PipelineError::Source(SourceError::Protocol(format!(
+                    "the dead-letter task failed: {e}"
+                )))
+            })??;
+            counters.dead_letters.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(pipeline = %name, xid = batch.txn.xid, commit_lsn = %commit_lsn, dead_letter = id, error = %error, "module failed; batch stored as a dead letter (on_error = \"dead_letter\")");
+            Ok(())
+        }
+    }
 }

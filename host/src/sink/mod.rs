@@ -5,9 +5,13 @@
 //! the checkpoint advance), and an error says whether retrying may help. It
 //! does not own retries or the checkpoint: the pipeline does.
 
+pub mod file;
+pub mod jsonl;
+pub mod stdout;
+
 use std::future::Future;
 
-use crate::batch::Batch;
+use crate::transform::Transformed;
 
 /// A sink's failure.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -40,8 +44,9 @@ impl SinkError {
 
 /// A destination for batches.
 pub trait Sink: Send {
-    /// Writes a batch and returns once it is durable at the destination.
+    /// Writes a batch — the transforms' output, with the source batch it
+    /// came from — and returns once it is durable at the destination.
     /// Batches arrive in commit order; after a crash the un-checkpointed tail
     /// arrives again, so a sink should be idempotent or tolerate replays.
-    fn write(&mut self, batch: &Batch) -> impl Future<Output = Result<(), SinkError>> + Send;
+    fn write(&mut self, batch: &Transformed) -> impl Future<Output = Result<(), SinkError>> + Send;
 }

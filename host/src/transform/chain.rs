@@ -98,7 +98,17 @@ impl Chain {
     /// Runs the batch through every module. An empty output ends the chain
     /// early. Runs on the calling thread: call it off the async executor.
     pub fn run(&mut self, source: Batch) -> Result<Transformed, ChainError> {
-        self.run_items(Transformed::untouched(source))
+        let items = self.run_ref(&source)?;
+        Ok(Transformed { source, items })
+    }
+
+    /// Like [`Chain::run`], leaving the batch with the caller (who may need
+    /// it after a failure, to set it aside).
+    pub fn run_ref(&mut self, source: &Batch) -> Result<Vec<Item>, ChainError> {
+        self.run_on(
+            source,
+            (0..source.changes.len()).map(Item::Source).collect(),
+        )
     }
 
     /// Runs a batch whose changes are already items: source changes by
@@ -106,7 +116,12 @@ impl Chain {
     /// representation cannot hold (a snapshot row, a route set upstream),
     /// as golden tests give them.
     pub fn run_items(&mut self, input: Transformed) -> Result<Transformed, ChainError> {
-        let Transformed { source, mut items } = input;
+        let Transformed { source, items } = input;
+        let items = self.run_on(&source, items)?;
+        Ok(Transformed { source, items })
+    }
+
+    fn run_on(&mut self, source: &Batch, mut items: Vec<Item>) -> Result<Vec<Item>, ChainError> {
         let meta = CallMeta {
             commit_time: source.txn.commit_time,
             commit_lsn: source.txn.commit_lsn,
@@ -125,12 +140,12 @@ impl Chain {
                 sha256: module.sha256().to_owned(),
                 error,
             };
-            let input = encode_input(&source.txn, items.iter().map(|item| resolve(item, &source)))
+            let input = encode_input(&source.txn, items.iter().map(|item| resolve(item, source)))
                 .map_err(&fail)?;
             let (output, stats) = instance.call(&input, meta).map_err(&fail)?;
             *fuel = stats.fuel;
-            items = decode_output(&output, &items, &source).map_err(&fail)?;
+            items = decode_output(&output, &items, source).map_err(&fail)?;
         }
-        Ok(Transformed { source, items })
+        Ok(items)
     }
 }

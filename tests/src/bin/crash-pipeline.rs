@@ -11,11 +11,12 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
-use datum::batch::{Batch, Change};
+use datum::batch::Change;
 use datum::checkpoint::Store;
 use datum::pipeline::{self, PipelineConfig};
 use datum::sink::{Sink, SinkError};
 use datum::source::SourceConfig;
+use datum::transform::Transformed;
 use datum_guest::Value;
 
 struct LogSink {
@@ -24,7 +25,8 @@ struct LogSink {
 }
 
 impl Sink for LogSink {
-    async fn write(&mut self, batch: &Batch) -> Result<(), SinkError> {
+    async fn write(&mut self, batch: &Transformed) -> Result<(), SinkError> {
+        let batch = &batch.source;
         let ids: Vec<String> = batch
             .changes
             .iter()

@@ -9,11 +9,12 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use datum::batch::{Batch, Change};
+use datum::batch::Change;
 use datum::checkpoint::Store;
 use datum::pipeline::{self, Handles, PipelineConfig};
 use datum::sink::{Sink, SinkError};
 use datum::source::{Lsn, SourceError};
+use datum::transform::Transformed;
 use datum_guest::Value;
 use datum_tests::stream::config;
 use datum_tests::{cluster, connect};
@@ -121,7 +122,8 @@ struct SlowSink {
 }
 
 impl Sink for SlowSink {
-    async fn write(&mut self, batch: &Batch) -> Result<(), SinkError> {
+    async fn write(&mut self, batch: &Transformed) -> Result<(), SinkError> {
+        let batch = &batch.source;
         tokio::time::sleep(self.delay).await;
         let mut seen = self.seen.lock().expect("lock");
         for change in &batch.changes {

@@ -1,0 +1,132 @@
+//! The `file` sink: JSON lines appended to a file, fsynced before each
+//! acknowledgement, optionally rotated by size.
+//!
+//! A batch is never split across files: rotation happens before a batch once
+//! the live file has reached the limit. The live file is always `PATH`; full
+//! ones are renamed `PATH.1`, `PATH.2`, ... (the next free number), and the
+//! directory is fsynced so the rename survives a crash. After a crash the
+//! un-checkpointed tail is written again, so the file holds every transaction
+//! in commit order, with duplicates only from that tail.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use super::{Sink, SinkError, jsonl};
+use crate::transform::Transformed;
+
+/// See the module documentation.
+#[derive(Debug)]
+pub struct FileSink {
+    state: Arc<Mutex<State>>,
+    buffer: Vec<u8>,
+}
+
+#[derive(Debug)]
+struct State {
+    path: PathBuf,
+    file: File,
+    size: u64,
+    rotate_at: Option<u64>,
+}
+
+fn io_error(path: &Path, what: &str) -> impl FnOnce(std::io::Error) -> SinkError {
+    let path = path.display().to_string();
+    let what = what.to_owned();
+    move |e| SinkError::transient(format!("{what} {path}: {e}"))
+}
+
+fn open(path: &Path) -> Result<File, SinkError> {
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(io_error(path, "opening"))
+}
+
+fn sync_dir(path: &Path) -> Result<(), SinkError> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_error(dir, "syncing directory"))
+}
+
+impl FileSink {
+    /// Opens (or creates) `path` for appending; the directory must exist.
+    pub fn open(path: &Path, rotate_at: Option<u64>) -> Result<FileSink, SinkError> {
+        let file = open(path)?;
+        let size = file
+            .metadata()
+            .map_err(io_error(path, "reading the size of"))?
+            .len();
+        sync_dir(path)?;
+        Ok(FileSink {
+            state: Arc::new(Mutex::new(State {
+                path: path.to_owned(),
+                file,
+                size,
+                rotate_at,
+            })),
+            buffer: Vec::new(),
+        })
+    }
+}
+
+impl State {
+    fn rotate(&mut self) -> Result<(), SinkError> {
+        let mut n = 1u64;
+        let target = loop {
+            let candidate = PathBuf::from(format!("{}.{n}", self.path.display()));
+            if !candidate.exists() {
+                break candidate;
+            }
+            n += 1;
+        };
+        std::fs::rename(&self.path, &target).map_err(io_error(&self.path, "rotating"))?;
+        self.file = open(&self.path)?;
+        self.size = 0;
+        sync_dir(&self.path)
+    }
+
+    fn append(&mut self, bytes: &[u8]) -> Result<(), SinkError> {
+        if self
+            .rotate_at
+            .is_some_and(|limit| self.size >= limit && self.size > 0)
+        {
+            self.rotate()?;
+        }
+        self.file
+            .write_all(bytes)
+            .map_err(io_error(&self.path, "writing"))?;
+        self.file
+            .sync_data()
+            .map_err(io_error(&self.path, "syncing"))?;
+        self.size += bytes.len() as u64;
+        Ok(())
+    }
+}
+
+impl Sink for FileSink {
+    async fn write(&mut self, batch: &Transformed) -> Result<(), SinkError> {
+        self.buffer.clear();
+        jsonl::render(batch, &mut self.buffer);
+        if self.buffer.is_empty() {
+            return Ok(());
+        }
+        let bytes = std::mem::take(&mut self.buffer);
+        let state = self.state.clone();
+        // fsync blocks: keep it off the async workers.
+        let (result, bytes) = tokio::task::spawn_blocking(move || {
+            let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
+            (state.append(&bytes), bytes)
+        })
+        .await
+        .map_err(|e| SinkError::transient(format!("file writer task: {e}")))?;
+        self.buffer = bytes;
+        result
+    }
+}
