@@ -11,10 +11,29 @@ use clap::{Parser, Subcommand, ValueEnum};
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// How log lines are written (to standard error).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// Log line formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// For people.
+    Text,
+    /// One JSON object per line, for log collectors.
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the pipelines of a configuration file until SIGINT or SIGTERM,
+    /// then drain what is in flight, checkpoint and exit. Exits 1 if a
+    /// pipeline failed.
+    Run {
+        /// The configuration file (docs/config.md).
+        config: PathBuf,
+    },
     /// Check that a source database can feed a pipeline: server version,
     /// wal_level, replication privilege, encoding, tables and their replica
     /// identity, publication coverage, slot state. Exits 1 if a requirement

@@ -12,6 +12,7 @@ pub mod golden;
 pub mod json;
 pub mod pipeline;
 pub mod record;
+pub mod run;
 pub mod scaffold;
 pub mod sink;
 pub mod source;

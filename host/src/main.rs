@@ -12,14 +12,31 @@ use datum::{golden, record, scaffold};
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        cli::LogFormat::Text => logs.init(),
+        cli::LogFormat::Json => logs.json().init(),
+    }
     match cli.command {
+        cli::Command::Run { config } => {
+            let config = match datum::config::Config::load(&config) {
+                Ok(config) => config,
+                Err(err) => return fail(err),
+            };
+            let result = runtime().and_then(|rt| {
+                rt.block_on(datum::run::run(&config, signalled()))
+                    .map_err(|e| e.to_string())
+            });
+            match result {
+                Ok(report) if report.ok() => ExitCode::SUCCESS,
+                Ok(_) => ExitCode::from(1),
+                Err(err) => fail(err),
+            }
+        }
         cli::Command::Check {
             url,
             publication,
@@ -144,6 +161,23 @@ fn main() -> ExitCode {
                 Err(err) => fail(err),
             }
         }
+    }
+}
+
+/// Completes on the first SIGINT or SIGTERM.
+async fn signalled() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(err) => {
+            tracing::error!(error = %err, "cannot watch SIGTERM");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
+        _ = term.recv() => tracing::info!("SIGTERM: stopping"),
     }
 }
 

@@ -7,6 +7,7 @@ mod golden;
 mod harness;
 mod modules;
 mod record;
+mod run;
 mod scaffold;
 mod source;
 mod tls_harness;

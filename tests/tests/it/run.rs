@@ -1,0 +1,364 @@
+//! `datum run` as a user runs it: the real binary, a configuration file, a
+//! real server, real modules, signals.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use datum::source::Lsn;
+use datum_tests::{cluster, connect, datum_bin, example_wasm_path, workspace_root};
+use serde_json::Value as Json;
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("datum-run-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+/// A `datum run` process.
+struct Host {
+    child: Child,
+    stderr: PathBuf,
+}
+
+impl Host {
+    fn start(dir: &Path, config: &str) -> Host {
+        let path = dir.join("datum.toml");
+        std::fs::write(&path, config).expect("config");
+        let stderr = dir.join("stderr.log");
+        let child = Command::new(datum_bin())
+            .arg("run")
+            .arg(&path)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&stderr).expect("log file"))
+            .spawn()
+            .expect("datum run");
+        Host { child, stderr }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// SIGTERM, then the exit status (within `secs`).
+    fn stop(mut self, secs: u64) -> (ExitStatus, String) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return (status, self.log());
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("datum run did not stop within {secs}s:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn wait_for_slots(client: &tokio_postgres::Client, slots: &[&str], host: &Host) {
+    let names: Vec<String> = slots.iter().map(|s| s.to_string()).collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let active: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pg_replication_slots WHERE slot_name = ANY($1) AND active",
+                &[&names],
+            )
+            .await
+            .expect("slots")
+            .get(0);
+        if active == slots.len() as i64 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "slots {slots:?} not streaming within 30s:\n{}",
+            host.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn lines(path: &Path) -> Vec<Json> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect()
+}
+
+/// Waits until the file sink holds a line for which `done` holds.
+fn wait_for_line(path: &Path, host: &Host, done: impl Fn(&Json) -> bool) -> Vec<Json> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let all = lines(path);
+        if all.iter().any(&done) {
+            return all;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the sink did not get there within 30s ({} lines):\n{}",
+            all.len(),
+            host.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn toml_string(s: &str) -> String {
+    serde_json::to_string(s).expect("a string")
+}
+
+fn sha256_hex(text: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Applies JSON lines to a model of the tables: key → row.
+fn apply(lines: &[Json]) -> BTreeMap<String, BTreeMap<i64, Json>> {
+    let mut tables: BTreeMap<String, BTreeMap<i64, Json>> = BTreeMap::new();
+    for line in lines {
+        let table = format!(
+            "{}.{}",
+            line["schema"].as_str().unwrap_or(""),
+            line["table"].as_str().unwrap_or("")
+        );
+        match line["op"].as_str() {
+            Some("insert") | Some("update") => {
+                let new = line["new"].clone();
+                if let Some(old_id) = line["old"]["id"].as_i64() {
+                    tables.entry(table.clone()).or_default().remove(&old_id);
+                }
+                let id = new["id"].as_i64().expect("id");
+                tables.entry(table).or_default().insert(id, new);
+            }
+            Some("delete") => {
+                let id = line["old"]["id"].as_i64().expect("id");
+                tables.entry(table).or_default().remove(&id);
+            }
+            Some("truncate") => {
+                for t in line["truncate"]["tables"].as_array().expect("tables") {
+                    let name = format!(
+                        "{}.{}",
+                        t["schema"].as_str().unwrap(),
+                        t["table"].as_str().unwrap()
+                    );
+                    tables.remove(&name);
+                }
+            }
+            other => panic!("unexpected op {other:?} in {line}"),
+        }
+    }
+    tables.retain(|_, rows| !rows.is_empty());
+    tables
+}
+
+#[tokio::test]
+async fn a_file_sink_through_mask_pii_ends_in_the_source_state_transformed() {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    client
+        .batch_execute(
+            "CREATE TABLE customers (id int PRIMARY KEY, email text, name text);
+             CREATE TABLE orders (id int PRIMARY KEY, customer int, amount numeric)",
+        )
+        .await
+        .expect("schema");
+    let dir = temp_dir("file");
+    let out = dir.join("out.jsonl");
+    let config = format!(
+        r#"
+state = "state.redb"
+
+[[pipeline]]
+name = "shop"
+source.url = {url}
+source.tables = ["public.customers", "public.orders"]
+sink = {{ type = "file", path = "out.jsonl" }}
+
+[[pipeline.transforms]]
+module = {module}
+config = {{ columns = ["email"], salt = "pepper" }}
+"#,
+        url = toml_string(&pg.conninfo("postgres")),
+        module = toml_string(example_wasm_path("mask_pii").to_str().unwrap()),
+    );
+    let host = Host::start(&dir, &config);
+    wait_for_slots(&client, &["datum_shop"], &host).await;
+    for statement in [
+        "INSERT INTO customers SELECT i, 'c' || i || '@example.com', 'name ' || i FROM generate_series(1, 20) i",
+        "INSERT INTO orders SELECT i, i % 20 + 1, i * 1.5 FROM generate_series(1, 30) i",
+        "UPDATE customers SET email = 'new' || id || '@example.com' WHERE id % 3 = 0",
+        "UPDATE customers SET id = id + 100 WHERE id = 7",
+        "DELETE FROM customers WHERE id % 5 = 0",
+        "BEGIN; DELETE FROM orders WHERE id > 25; UPDATE orders SET amount = 0 WHERE id = 1; COMMIT",
+        "TRUNCATE orders",
+        "INSERT INTO orders VALUES (999, 1, 9.99)",
+    ] {
+        client.batch_execute(statement).await.expect(statement);
+    }
+    let got = wait_for_line(&out, &host, |l| l["new"]["id"] == 999);
+    let (status, log) = host.stop(20);
+    assert!(status.success(), "exit {status:?}:\n{log}");
+    assert!(log.contains("pipeline stopped"), "{log}");
+
+    // Every line carries its transaction; emails never appear in clear.
+    for line in &got {
+        assert!(line["txn"]["commit_lsn"].is_string(), "{line}");
+        assert!(!line.to_string().contains("@example.com"), "{line}");
+    }
+    let mut expected: BTreeMap<String, BTreeMap<i64, Json>> = BTreeMap::new();
+    for row in client
+        .query("SELECT id, email, name FROM customers", &[])
+        .await
+        .expect("customers")
+    {
+        let (id, email, name): (i32, String, String) = (row.get(0), row.get(1), row.get(2));
+        expected.entry("public.customers".into()).or_default().insert(
+            i64::from(id),
+            serde_json::json!({"id": id, "email": sha256_hex(&format!("pepper{email}")), "name": name}),
+        );
+    }
+    expected.entry("public.orders".into()).or_default().insert(
+        999,
+        serde_json::json!({"id": 999, "customer": 1, "amount": {"numeric": "9.99"}}),
+    );
+    assert_eq!(apply(&got), expected);
+
+    // A clean stop checkpointed everything: a restart replays nothing.
+    let before = lines(&out).len();
+    let host = Host::start(&dir, &config);
+    wait_for_slots(&client, &["datum_shop"], &host).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, log) = host.stop(20);
+    assert!(status.success(), "{log}");
+    assert_eq!(
+        lines(&out).len(),
+        before,
+        "nothing replayed after a clean stop"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn on_error_policies_and_independent_pipelines() {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    client
+        .batch_execute("CREATE TABLE t (id int PRIMARY KEY)")
+        .await
+        .expect("schema");
+    let dir = temp_dir("on-error");
+    // The panicker test module panics on the row with id 3.
+    let status = Command::new(env!("CARGO"))
+        .args([
+            "build",
+            "--quiet",
+            "--release",
+            "--target",
+            "wasm32-wasip1",
+            "-p",
+            "example-panicker",
+        ])
+        .current_dir(workspace_root())
+        .status()
+        .expect("cargo");
+    assert!(status.success());
+    let module = datum_tests::target_dir().join("wasm32-wasip1/release/panicker.wasm");
+    let mut config = String::from("state = \"state.redb\"\n");
+    for policy in ["fail", "skip", "dead_letter"] {
+        config.push_str(&format!(
+            r#"
+[[pipeline]]
+name = "{policy}"
+on_error = "{policy}"
+source = {{ url = {url}, tables = ["t"], publication = "pub_{policy}" }}
+sink = {{ type = "file", path = "{policy}.jsonl" }}
+transforms = [{{ module = {module} }}]
+"#,
+            url = toml_string(&pg.conninfo("postgres")),
+            module = toml_string(module.to_str().unwrap()),
+        ));
+    }
+    let host = Host::start(&dir, &config);
+    wait_for_slots(
+        &client,
+        &["datum_fail", "datum_skip", "datum_dead_letter"],
+        &host,
+    )
+    .await;
+    let mut before_three = Lsn::ZERO;
+    for id in 1..=5 {
+        if id == 3 {
+            let lsn: String = client
+                .query_one("SELECT pg_current_wal_lsn()::text", &[])
+                .await
+                .expect("lsn")
+                .get(0);
+            before_three = lsn.parse().expect("lsn");
+        }
+        client
+            .execute("INSERT INTO t VALUES ($1)", &[&id])
+            .await
+            .expect("insert");
+    }
+    let ids = |name: &str| -> Vec<i64> {
+        lines(&dir.join(format!("{name}.jsonl")))
+            .iter()
+            .map(|l| l["new"]["id"].as_i64().expect("id"))
+            .collect()
+    };
+    for name in ["skip", "dead_letter"] {
+        wait_for_line(&dir.join(format!("{name}.jsonl")), &host, |l| {
+            l["new"]["id"] == 5
+        });
+    }
+    let (status, log) = host.stop(20);
+    assert_eq!(status.code(), Some(1), "a pipeline failed:\n{log}");
+    assert!(log.contains("boom on id 3"), "{log}");
+    assert_eq!(ids("fail"), [1, 2], "fail stops before the bad batch");
+    assert_eq!(ids("skip"), [1, 2, 4, 5]);
+    assert_eq!(ids("dead_letter"), [1, 2, 4, 5]);
+
+    let store = datum::checkpoint::Store::open(dir.join("state.redb")).expect("state");
+    let fail_at = store.offset("fail").expect("offset").expect("checkpointed");
+    assert!(
+        fail_at.end_lsn <= before_three,
+        "fail keeps its offset before the bad batch: {} vs {before_three}\n{log}",
+        fail_at.end_lsn
+    );
+    for name in ["skip", "dead_letter"] {
+        let at = store.offset(name).expect("offset").expect("checkpointed");
+        assert!(at.end_lsn > before_three, "{name} went past the bad batch");
+    }
+    let letters = store.dead_letters(None).expect("dead letters");
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0].pipeline, "dead_letter");
+    assert!(
+        letters[0].error.contains("boom on id 3"),
+        "{}",
+        letters[0].error
+    );
+    let batch: datum_guest::Batch =
+        datum_guest::wire::from_msgpack(&letters[0].batch).expect("the dead letter decodes");
+    assert_eq!(
+        batch.changes[0].new.as_ref().and_then(|r| r.get_i64("id")),
+        Some(3)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
