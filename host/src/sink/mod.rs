@@ -6,6 +6,7 @@
 //! does not own retries or the checkpoint: the pipeline does.
 
 pub mod file;
+pub mod http;
 pub mod jsonl;
 pub mod stdout;
 
