@@ -9,6 +9,7 @@ mod modules;
 mod record;
 mod run;
 mod scaffold;
+mod sink_http;
 mod source;
 mod tls_harness;
 mod transform;
