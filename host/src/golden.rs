@@ -342,6 +342,10 @@ impl Runner {
     /// unless their directory or they have their own.
     pub fn load(path: &Path, config: Option<&toml::Table>) -> Result<Runner, GoldenError> {
         let wasm = std::fs::read(path).map_err(io(path))?;
+        crate::transform::check_binary(&wasm).map_err(|error| GoldenError::Module {
+            path: path.to_owned(),
+            error,
+        })?;
         let name = path
             .file_stem()
             .and_then(|s| s.to_str())
@@ -484,8 +488,30 @@ pub fn compare(expected: &Expected, actual: &Actual) -> Option<String> {
     )
 }
 
+/// A change as compared: its JSON form, with JSON values compared as JSON
+/// (whitespace and key order do not matter, as in jsonb).
 fn comparable(change: &WireChange, columns: ColumnsForm) -> serde_json::Value {
-    serde_json::to_value(ChangeJson { change, columns }).unwrap_or(serde_json::Value::Null)
+    fn semantic_json(value: &mut serde_json::Value) {
+        match value {
+            serde_json::Value::Object(map) => {
+                if map.len() == 1
+                    && let Some(serde_json::Value::String(text)) = map.get("json_text")
+                    && let Ok(parsed) = serde_json::from_str::<serde_json::Value>(text)
+                {
+                    map.clear();
+                    map.insert("json".into(), parsed);
+                    return;
+                }
+                map.values_mut().for_each(semantic_json);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(semantic_json),
+            _ => {}
+        }
+    }
+    let mut value =
+        serde_json::to_value(ChangeJson { change, columns }).unwrap_or(serde_json::Value::Null);
+    semantic_json(&mut value);
+    value
 }
 
 #[derive(Serialize)]
@@ -508,7 +534,12 @@ fn render_expected(expected: &Expected) -> String {
                 })
                 .collect(),
         }),
-        Expected::Error(error) => json::to_pretty(&serde_json::json!({ "error": error })),
+        Expected::Error(error) => Actual::Error {
+            kind: error.kind.clone(),
+            message: error.message.clone(),
+            index: error.index,
+        }
+        .to_expected_json(),
     }
 }
 

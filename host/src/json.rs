@@ -486,9 +486,11 @@ impl Serialize for ChangeJson<'_> {
                 infer_columns(c.new.as_ref(), c.old.as_ref(), &key) != c.columns
             }
         };
+        // `key` even when empty: what is written states the columns, and a
+        // reader then compares them.
         if write_columns {
             map.serialize_entry("columns", &c.columns)?;
-        } else if !key.is_empty() && self.columns != ColumnsForm::Omit {
+        } else if !c.columns.is_empty() && self.columns != ColumnsForm::Omit {
             map.serialize_entry("key", &key)?;
         }
         if let Some(old) = &c.old {

@@ -121,6 +121,8 @@ fn prepare_pipeline(spec: &PipelineSpec, engine: &Engine) -> Result<Prepared, St
         let limits = t.limits.limits();
         let wasm = std::fs::read(path)
             .map_err(|e| fail(format!("transforms[{i}]: {}: {e}", path.display())))?;
+        crate::transform::check_binary(&wasm)
+            .map_err(|e| fail(format!("transforms[{i}] ({}): {e}", path.display())))?;
         let module = Module::new(
             engine,
             &module_name,

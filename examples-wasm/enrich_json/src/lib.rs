@@ -28,7 +28,10 @@ pub enum Kind {
     Float8,
     /// `bool`: a boolean, or `"true"` / `"false"`.
     Bool,
-    /// `numeric`: a number (or a string holding one), exactly as written.
+    /// `numeric`: a number or a string holding one. A string is kept exactly
+    /// as written; a JSON number is read as a float first (`0.10` becomes
+    /// `0.1`, 17 significant digits at most), so send exact decimals as
+    /// strings.
     Numeric,
     /// `jsonb`: the field's JSON text.
     Jsonb,

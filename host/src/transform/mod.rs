@@ -91,6 +91,21 @@ pub fn encode_config(table: &toml::Table) -> Vec<u8> {
     bytes
 }
 
+/// Checks that a module file is WebAssembly's binary format (the runtime
+/// also reads the text format, for tests), so that a wrong file gets a
+/// plain answer instead of a parse error.
+pub fn check_binary(bytes: &[u8]) -> Result<(), TransformError> {
+    if bytes.starts_with(b"\0asm") {
+        Ok(())
+    } else {
+        Err(TransformError::Invalid(
+            "not a WebAssembly module (the file does not start with `\\0asm`); build one \
+             with `cargo build --release --target wasm32-wasip1`"
+                .into(),
+        ))
+    }
+}
+
 /// Why a module could not be loaded or did not transform a batch.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TransformError {

@@ -390,9 +390,6 @@ fn an_expected_error_kind_mismatch_shows_in_the_diff() {
 }
 
 #[test]
-#[ignore = "runner bug: an expected error is rendered with its keys sorted \
-            (index, kind, message) and the actual one in field order, so every \
-            line of an error diff differs"]
 fn an_error_diff_marks_only_the_lines_that_differ() {
     let scratch = Scratch::new("error-diff");
     let case = "fails_comparing_text_with_a_number";
@@ -412,9 +409,6 @@ fn an_error_diff_marks_only_the_lines_that_differ() {
 }
 
 #[test]
-#[ignore = "runner bug: --bless writes neither `columns` nor `key` for a change \
-            without key columns whose types are inferable, and such a file then \
-            does not compare the columns at all"]
 fn a_blessed_file_pins_the_columns_of_a_change_without_a_key() {
     let scratch = Scratch::new("blessed-columns");
     let wasm = example_wasm_path("identity");
