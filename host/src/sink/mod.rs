@@ -8,6 +8,7 @@
 pub mod file;
 pub mod http;
 pub mod jsonl;
+pub mod postgres;
 pub mod stdout;
 
 use std::future::Future;

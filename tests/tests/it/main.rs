@@ -10,6 +10,7 @@ mod record;
 mod run;
 mod scaffold;
 mod sink_http;
+mod sink_postgres;
 mod source;
 mod tls_harness;
 mod transform;

@@ -1,0 +1,684 @@
+//! The `postgres` sink: changes applied to tables of a target database, one
+//! transaction per batch, idempotently.
+//!
+//! Owns turning each change into statements on the target: inserts, updates
+//! and snapshot rows as upserts on the key (`INSERT ... ON CONFLICT (key) DO
+//! UPDATE`), deletes by key, truncates; which target table a change goes to
+//! (a module's `route`, else the `tables` mapping, else the `schema` override
+//! with the source's table name, else the same `schema.table`); and telling
+//! a passing failure (the connection, a serialization failure) from one that
+//! needs a person (a missing table, a constraint). It does not create or
+//! alter target tables, and it does not retry: the pipeline does.
+//!
+//! Idempotence, so that replaying the un-checkpointed tail after a crash
+//! ends in the same state: an upsert writes the whole row whatever the
+//! target holds; a delete of an absent row does nothing; an update whose key
+//! changed deletes the old key first. An update that left a TOASTed value
+//! out (`Value::Unchanged`) cannot be written as a whole row, so it becomes
+//! an `UPDATE` of the columns it has, which does nothing when the row is
+//! absent: the row is then absent because a later change (replayed too)
+//! deleted or moved it, and inventing it with a NULL would be wrong.
+//!
+//! Values travel as text-format parameters, each in PostgreSQL's text form;
+//! the server infers every parameter's type from the target column, so any
+//! type the target can read from text works (numeric, timestamps, json,
+//! bytea, arrays, uuid, interval, enums, domains, extension types).
+//! Statements are prepared once per connection and SQL text.
+
+use std::collections::{BTreeMap, HashMap};
+use std::error::Error as _;
+use std::fmt;
+
+use datum_guest::wire::{Change, Column, Op, Row, Value};
+use tokio_postgres::types::{Format, IsNull, ToSql, Type, to_sql_checked};
+use tokio_postgres::{Client, Statement, Transaction};
+
+use super::{Sink, SinkError};
+use crate::json::JsonValue;
+use crate::source::ConnInfo;
+use crate::source::catalog;
+use crate::source::replication::quote_ident;
+use crate::transform::Transformed;
+
+/// See the module documentation.
+pub struct PostgresSink {
+    info: ConnInfo,
+    routes: Routes,
+    client: Option<Client>,
+    /// Prepared statements of the live connection, by SQL text.
+    statements: HashMap<String, Statement>,
+}
+
+impl fmt::Debug for PostgresSink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never the connection string: it may hold a password.
+        f.debug_struct("PostgresSink")
+            .field("target", &target_name(&self.info))
+            .field("schema", &self.routes.schema)
+            .field("tables", &self.routes.tables)
+            .field("connected", &self.client.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+fn target_name(info: &ConnInfo) -> String {
+    format!("{} as {}", info.dbname, info.user)
+}
+
+impl PostgresSink {
+    /// Connects to the target database at `url` (a URL or a `key=value`
+    /// connection string). `schema` overrides the target schema of every
+    /// table; `tables` maps a source `schema.table` to a target
+    /// `schema.table` (or a bare table name, in the `schema` override or the
+    /// source's schema).
+    pub async fn connect(
+        url: &str,
+        schema: Option<String>,
+        tables: BTreeMap<String, String>,
+    ) -> Result<PostgresSink, SinkError> {
+        let info: ConnInfo = url.parse().map_err(|e| {
+            SinkError::definite(format!("the postgres sink's url does not parse: {e}"))
+        })?;
+        let mut sink = PostgresSink {
+            info,
+            routes: Routes { schema, tables },
+            client: None,
+            statements: HashMap::new(),
+        };
+        sink.reconnect().await?;
+        Ok(sink)
+    }
+
+    async fn reconnect(&mut self) -> Result<(), SinkError> {
+        self.client = None;
+        self.statements.clear();
+        let client = catalog::connect(&self.info).await.map_err(|e| {
+            let message = format!(
+                "connecting to the target database {}: {e}; check that the server is up and \
+                 that the sink's url (host, port, user, password, database) is right",
+                target_name(&self.info)
+            );
+            if e.is_transient() {
+                SinkError::transient(message)
+            } else {
+                SinkError::definite(message)
+            }
+        })?;
+        self.client = Some(client);
+        Ok(())
+    }
+
+    async fn apply(&mut self, batch: &Transformed) -> Result<(), Failure> {
+        let client = self.client.as_mut().ok_or_else(|| Failure {
+            error: SinkError::transient("not connected to the target database"),
+            lost: true,
+        })?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(|e| failure(e, "starting a transaction", None))?;
+        for change in batch.changes() {
+            let change = change.to_wire();
+            apply_change(&tx, &mut self.statements, &self.routes, &change).await?;
+        }
+        tx.commit()
+            .await
+            .map_err(|e| failure(e, "committing", None))?;
+        Ok(())
+    }
+}
+
+impl Sink for PostgresSink {
+    async fn write(&mut self, batch: &Transformed) -> Result<(), SinkError> {
+        let applies = batch
+            .changes()
+            .any(|c| !matches!(c.to_wire().op, Op::Message));
+        if !applies {
+            return Ok(());
+        }
+        if self.client.as_ref().is_none_or(Client::is_closed) {
+            self.reconnect().await?;
+        }
+        match self.apply(batch).await {
+            Ok(()) => Ok(()),
+            Err(Failure { error, lost }) => {
+                if lost || self.client.as_ref().is_none_or(Client::is_closed) {
+                    // The next write connects afresh.
+                    self.client = None;
+                    self.statements.clear();
+                }
+                Err(error)
+            }
+        }
+    }
+}
+
+/// A failed batch, and whether the connection is gone with it.
+struct Failure {
+    error: SinkError,
+    lost: bool,
+}
+
+impl From<SinkError> for Failure {
+    fn from(error: SinkError) -> Failure {
+        Failure { error, lost: false }
+    }
+}
+
+/// Classifies a target error. `table` names the target table the statement
+/// was for, to say what to fix.
+fn failure(err: tokio_postgres::Error, what: &str, table: Option<&Target>) -> Failure {
+    let on = table.map(|t| format!(" on {t}")).unwrap_or_default();
+    let Some(db) = err.as_db_error() else {
+        let cause = err.source().map(|s| format!(": {s}")).unwrap_or_default();
+        return Failure {
+            error: SinkError::transient(format!(
+                "{what}{on}: the connection to the target database failed: {err}{cause}"
+            )),
+            lost: true,
+        };
+    };
+    let code = db.code().code();
+    let mut server = db.message().to_owned();
+    if let Some(detail) = db.detail() {
+        server.push_str(&format!(" ({detail})"));
+    }
+    let class = &code[..code.len().min(2)];
+    let transient = matches!(class, "08" | "40" | "53" | "57" | "58") || code == "55P03";
+    let message = match (code, table) {
+        ("42P01", Some(t)) => format!(
+            "target table {t} does not exist: create it in the target database (Datum does \
+             not create tables); the server said: {server}"
+        ),
+        ("42703", Some(t)) => format!(
+            "target table {t} lacks a column the change has: add it (Datum does not alter \
+             tables); the server said: {server}"
+        ),
+        ("42P10", Some(t)) => format!(
+            "target table {t} has no primary key or unique index on the source's key \
+             columns: add one; the server said: {server}"
+        ),
+        _ => format!("{what}{on}: {server} (SQLSTATE {code})"),
+    };
+    Failure {
+        error: if transient {
+            SinkError::transient(message)
+        } else {
+            SinkError::definite(message)
+        },
+        lost: matches!(class, "08" | "57"),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Where a change goes.
+
+#[derive(Debug)]
+struct Routes {
+    schema: Option<String>,
+    tables: BTreeMap<String, String>,
+}
+
+/// A target table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Target {
+    schema: String,
+    table: String,
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.schema, self.table)
+    }
+}
+
+impl Target {
+    fn sql(&self) -> String {
+        format!("{}.{}", quote_ident(&self.schema), quote_ident(&self.table))
+    }
+}
+
+impl Routes {
+    /// `schema.table`, or a bare `table` in the override schema or
+    /// `default_schema`.
+    fn parse(&self, name: &str, default_schema: &str) -> Target {
+        match name.split_once('.') {
+            Some((schema, table)) => Target {
+                schema: schema.to_owned(),
+                table: table.to_owned(),
+            },
+            None => Target {
+                schema: self
+                    .schema
+                    .clone()
+                    .unwrap_or_else(|| default_schema.to_owned()),
+                table: name.to_owned(),
+            },
+        }
+    }
+
+    fn target(&self, schema: &str, table: &str, route: Option<&str>) -> Target {
+        if let Some(route) = route {
+            return self.parse(route, schema);
+        }
+        if let Some(mapped) = self.tables.get(&format!("{schema}.{table}")) {
+            return self.parse(mapped, schema);
+        }
+        Target {
+            schema: self.schema.clone().unwrap_or_else(|| schema.to_owned()),
+            table: table.to_owned(),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Statements.
+
+async fn apply_change(
+    tx: &Transaction<'_>,
+    statements: &mut HashMap<String, Statement>,
+    routes: &Routes,
+    change: &Change,
+) -> Result<(), Failure> {
+    match change.op {
+        Op::Message => Ok(()),
+        Op::Truncate => {
+            let Some(truncate) = &change.truncate else {
+                return Err(SinkError::definite("a truncate change without its tables").into());
+            };
+            let mut targets: Vec<Target> = Vec::new();
+            for t in &truncate.tables {
+                let target = routes.target(&t.schema, &t.table, change.route.as_deref());
+                if !targets.contains(&target) {
+                    targets.push(target);
+                }
+            }
+            if targets.is_empty() {
+                return Ok(());
+            }
+            let mut sql = format!(
+                "TRUNCATE {}",
+                targets
+                    .iter()
+                    .map(Target::sql)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            if truncate.restart_identity {
+                sql.push_str(" RESTART IDENTITY");
+            }
+            if truncate.cascade {
+                sql.push_str(" CASCADE");
+            }
+            let first = (targets.len() == 1).then(|| &targets[0]);
+            tx.batch_execute(&sql)
+                .await
+                .map_err(|e| failure(e, "truncating", first))
+        }
+        Op::Insert | Op::Update | Op::Snapshot | Op::Delete => {
+            let target = routes.target(&change.schema, &change.table, change.route.as_deref());
+            let keys: Vec<&Column> = change.columns.iter().filter(|c| c.key).collect();
+            if keys.is_empty() {
+                return Err(SinkError::definite(format!(
+                    "{}.{} has no key columns, so its changes cannot be applied to {target}: \
+                     give the source table a primary key or a replica identity \
+                     (ALTER TABLE ... REPLICA IDENTITY USING INDEX ...)",
+                    change.schema, change.table
+                ))
+                .into());
+            }
+            let mut exec = Exec {
+                tx,
+                statements,
+                target: &target,
+            };
+            if change.op == Op::Delete {
+                let old = row(change, change.old.as_ref(), "old")?;
+                return exec.delete(&keys, old).await;
+            }
+            let new = row(change, change.new.as_ref(), "new")?;
+            let old = change.old.as_ref();
+            let key_changed = old.is_some_and(|old| {
+                keys.iter().any(|k| {
+                    old.get(&k.name)
+                        .is_some_and(|v| Some(v) != new.get(&k.name))
+                })
+            });
+            let partial = new.fields().iter().any(|(_, v)| *v == Value::Unchanged);
+            match (partial, key_changed, old) {
+                (true, true, Some(old)) => exec.update(&keys, Some(old), new).await,
+                (true, _, _) => exec.update(&keys, None, new).await,
+                (false, true, Some(old)) => {
+                    exec.delete(&keys, old).await?;
+                    exec.upsert(&keys, new).await
+                }
+                (false, _, _) => exec.upsert(&keys, new).await,
+            }
+        }
+    }
+}
+
+fn row<'a>(change: &Change, row: Option<&'a Row>, which: &str) -> Result<&'a Row, SinkError> {
+    row.ok_or_else(|| {
+        SinkError::definite(format!(
+            "a {:?} change of {}.{} without its {which} row",
+            change.op, change.schema, change.table
+        ))
+    })
+}
+
+struct Exec<'a, 't> {
+    tx: &'a Transaction<'t>,
+    statements: &'a mut HashMap<String, Statement>,
+    target: &'a Target,
+}
+
+impl Exec<'_, '_> {
+    async fn run(&mut self, sql: String, params: &[PgText]) -> Result<u64, Failure> {
+        let statement = match self.statements.get(&sql) {
+            Some(statement) => statement.clone(),
+            None => {
+                let statement = self
+                    .tx
+                    .prepare(&sql)
+                    .await
+                    .map_err(|e| failure(e, "preparing a statement", Some(self.target)))?;
+                self.statements.insert(sql, statement.clone());
+                statement
+            }
+        };
+        let params: Vec<&(dyn ToSql + Sync)> =
+            params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
+        self.tx
+            .execute(&statement, &params)
+            .await
+            .map_err(|e| failure(e, "writing", Some(self.target)))
+    }
+
+    /// `WHERE k1 = $n AND ...` with the key's values from `row`, numbering
+    /// parameters after `params`.
+    fn key_filter(
+        &self,
+        keys: &[&Column],
+        row: &Row,
+        params: &mut Vec<PgText>,
+    ) -> Result<String, SinkError> {
+        let mut filter = Vec::with_capacity(keys.len());
+        for key in keys {
+            let value = row.get(&key.name).ok_or_else(|| {
+                SinkError::definite(format!(
+                    "a change for {} lacks the value of its key column `{}`",
+                    self.target, key.name
+                ))
+            })?;
+            params.push(PgText::of(value));
+            filter.push(format!("{} = ${}", quote_ident(&key.name), params.len()));
+        }
+        Ok(filter.join(" AND "))
+    }
+
+    async fn delete(&mut self, keys: &[&Column], old: &Row) -> Result<(), Failure> {
+        let mut params = Vec::new();
+        let filter = self.key_filter(keys, old, &mut params)?;
+        let sql = format!("DELETE FROM {} WHERE {filter}", self.target.sql());
+        self.run(sql, &params).await.map(drop)
+    }
+
+    async fn upsert(&mut self, keys: &[&Column], new: &Row) -> Result<(), Failure> {
+        for key in keys {
+            if !new.contains(&key.name) {
+                return Err(SinkError::definite(format!(
+                    "a change for {} lacks the value of its key column `{}`",
+                    self.target, key.name
+                ))
+                .into());
+            }
+        }
+        let names: Vec<String> = new.names().map(quote_ident).collect();
+        let params: Vec<PgText> = new.fields().iter().map(|(_, v)| PgText::of(v)).collect();
+        let placeholders: Vec<String> = (1..=params.len()).map(|i| format!("${i}")).collect();
+        let conflict: Vec<String> = keys.iter().map(|k| quote_ident(&k.name)).collect();
+        let set: Vec<String> = new
+            .names()
+            .filter(|n| !keys.iter().any(|k| k.name == *n))
+            .map(|n| {
+                let n = quote_ident(n);
+                format!("{n} = EXCLUDED.{n}")
+            })
+            .collect();
+        let action = if set.is_empty() {
+            "NOTHING".to_owned()
+        } else {
+            format!("UPDATE SET {}", set.join(", "))
+        };
+        let sql = format!(
+            "INSERT INTO {} ({}) VALUES ({}) ON CONFLICT ({}) DO {action}",
+            self.target.sql(),
+            names.join(", "),
+            placeholders.join(", "),
+            conflict.join(", ")
+        );
+        self.run(sql, &params).await.map(drop)
+    }
+
+    /// Sets the columns `new` has (leaving unchanged TOAST values alone) on
+    /// the row with the key of `moved_from` (a key change), else of `new`.
+    ///
+    /// When the key changes, a row already at the new key is deleted first,
+    /// but only if the row at the old key exists: then a replay recreated
+    /// the old row (with the TOAST value as of then) and the row at the new
+    /// key is a later state that the replay rebuilds. Without an old row the
+    /// move already happened, and the row at the new key is the only holder
+    /// of the unchanged value.
+    async fn update(
+        &mut self,
+        keys: &[&Column],
+        moved_from: Option<&Row>,
+        new: &Row,
+    ) -> Result<(), Failure> {
+        if let Some(at) = moved_from {
+            let mut params = Vec::new();
+            let at_new = self.key_filter(keys, new, &mut params)?;
+            let at_old = self.key_filter(keys, at, &mut params)?;
+            let table = self.target.sql();
+            let sql = format!(
+                "DELETE FROM {table} WHERE {at_new} AND EXISTS (SELECT 1 FROM {table} WHERE {at_old})"
+            );
+            self.run(sql, &params).await?;
+        }
+        let mut params = Vec::new();
+        let mut set = Vec::new();
+        for (name, value) in new.fields() {
+            if *value == Value::Unchanged {
+                continue;
+            }
+            params.push(PgText::of(value));
+            set.push(format!("{} = ${}", quote_ident(name), params.len()));
+        }
+        let filter = self.key_filter(keys, moved_from.unwrap_or(new), &mut params)?;
+        let sql = format!(
+            "UPDATE {} SET {} WHERE {filter}",
+            self.target.sql(),
+            set.join(", ")
+        );
+        self.run(sql, &params).await.map(drop)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Values.
+
+/// A parameter in PostgreSQL's text form, sent as text so that the server
+/// parses it with the target column's input function.
+#[derive(Debug)]
+struct PgText(Option<String>);
+
+impl PgText {
+    fn of(value: &Value) -> PgText {
+        PgText(pg_text(value))
+    }
+}
+
+impl ToSql for PgText {
+    fn to_sql(
+        &self,
+        _ty: &Type,
+        out: &mut bytes::BytesMut,
+    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        match &self.0 {
+            Some(text) => {
+                out.extend_from_slice(text.as_bytes());
+                Ok(IsNull::No)
+            }
+            None => Ok(IsNull::Yes),
+        }
+    }
+
+    fn accepts(_ty: &Type) -> bool {
+        true
+    }
+
+    fn encode_format(&self, _ty: &Type) -> Format {
+        Format::Text
+    }
+
+    to_sql_checked!();
+}
+
+/// A value's PostgreSQL text form; `None` for NULL (and for an unchanged
+/// TOAST value, which callers leave out).
+fn pg_text(value: &Value) -> Option<String> {
+    Some(match value {
+        Value::Null | Value::Unchanged => return None,
+        Value::Bool(b) => if *b { "t" } else { "f" }.to_owned(),
+        Value::Int(i) => i.to_string(),
+        Value::Float(f) if f.is_nan() => "NaN".to_owned(),
+        Value::Float(f) if f.is_infinite() => {
+            if *f > 0.0 { "Infinity" } else { "-Infinity" }.to_owned()
+        }
+        Value::Float(f) => format!("{f:?}"),
+        Value::Numeric(text) | Value::Text(text) | Value::Json(text) => text.clone(),
+        Value::Other { text, .. } => text.clone(),
+        Value::Bytes(bytes) => {
+            let mut text = String::with_capacity(2 + bytes.len() * 2);
+            text.push_str("\\x");
+            for b in bytes {
+                text.push_str(&format!("{b:02x}"));
+            }
+            text
+        }
+        Value::Array(items) => {
+            let mut text = String::new();
+            push_array(&mut text, items);
+            text
+        }
+        // The JSON form writes these as PostgreSQL's text forms inside a tag.
+        Value::Timestamp(_)
+        | Value::TimestampTz(_)
+        | Value::Date(_)
+        | Value::Time(_)
+        | Value::Uuid(_)
+        | Value::Interval(_) => tagged_text(value)?,
+    })
+}
+
+fn tagged_text(value: &Value) -> Option<String> {
+    match serde_json::to_value(JsonValue(value.clone())).ok()? {
+        serde_json::Value::Object(map) => map.into_iter().next()?.1.as_str().map(str::to_owned),
+        _ => None,
+    }
+}
+
+/// An array literal: `{"a","b",NULL}`, nested for several dimensions.
+fn push_array(out: &mut String, items: &[Value]) {
+    out.push('{');
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        match item {
+            Value::Array(inner) => push_array(out, inner),
+            other => match pg_text(other) {
+                None => out.push_str("NULL"),
+                Some(text) => {
+                    out.push('"');
+                    for c in text.chars() {
+                        if c == '"' || c == '\\' {
+                            out.push('\\');
+                        }
+                        out.push(c);
+                    }
+                    out.push('"');
+                }
+            },
+        }
+    }
+    out.push('}');
+}
+
+#[cfg(test)]
+mod tests {
+    use datum_guest::wire::{Interval, Timestamp};
+
+    use super::*;
+
+    #[test]
+    fn values_print_as_postgres_reads_them() {
+        assert_eq!(pg_text(&Value::Null), None);
+        assert_eq!(pg_text(&Value::Bool(true)).as_deref(), Some("t"));
+        assert_eq!(pg_text(&Value::Float(0.1)).as_deref(), Some("0.1"));
+        assert_eq!(
+            pg_text(&Value::Float(f64::NEG_INFINITY)).as_deref(),
+            Some("-Infinity")
+        );
+        assert_eq!(
+            pg_text(&Value::Bytes(vec![0, 255])).as_deref(),
+            Some("\\x00ff")
+        );
+        assert_eq!(
+            pg_text(&Value::TimestampTz(Timestamp::Micros(1_500_000))).as_deref(),
+            Some("1970-01-01 00:00:01.5+00")
+        );
+        assert_eq!(
+            pg_text(&Value::Interval(Interval {
+                months: 14,
+                days: 0,
+                micros: 0
+            }))
+            .as_deref(),
+            Some("P1Y2M")
+        );
+        assert_eq!(
+            pg_text(&Value::Array(vec![
+                Value::Text("a\"b\\".into()),
+                Value::Null,
+                Value::Array(vec![]),
+            ]))
+            .as_deref(),
+            Some(r#"{"a\"b\\",NULL,{}}"#)
+        );
+    }
+
+    #[test]
+    fn targets_follow_route_then_mapping_then_schema() {
+        let routes = Routes {
+            schema: Some("copy".into()),
+            tables: BTreeMap::from([
+                ("public.a".into(), "other.b".into()),
+                ("public.c".into(), "d".into()),
+            ]),
+        };
+        let t = |s: &str, t: &str, r: Option<&str>| routes.target(s, t, r).to_string();
+        assert_eq!(t("public", "a", Some("x.y")), "x.y");
+        assert_eq!(t("public", "a", Some("y")), "copy.y");
+        assert_eq!(t("public", "a", None), "other.b");
+        assert_eq!(t("public", "c", None), "copy.d");
+        assert_eq!(t("public", "e", None), "copy.e");
+        let plain = Routes {
+            schema: None,
+            tables: BTreeMap::new(),
+        };
+        assert_eq!(plain.target("s", "t", None).to_string(), "s.t");
+        assert_eq!(plain.target("s", "t", Some("u")).to_string(), "s.u");
+    }
+}

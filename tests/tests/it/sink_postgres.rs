@@ -1,0 +1,312 @@
+//! The `postgres` sink against real servers: a source streams into a target
+//! database of the same cluster, which must end equal to the source, and
+//! equal again after every batch is replayed; mapping by `tables`, `schema`
+//! and a module's `route`; a missing table is a definite error that names
+//! it; a target that drops the connection is a transient error, after which
+//! the next write reconnects.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use datum::batch::Batch;
+use datum::sink::postgres::PostgresSink;
+use datum::sink::{Sink, SinkError};
+use datum::source::Lsn;
+use datum::transform::Transformed;
+use datum::transform::encode::Item;
+use datum_guest::Txn;
+use datum_guest::wire::{Change, Column, Op, Row, Value};
+use datum_tests::stream::{Running, config, render};
+use datum_tests::{cluster, connect};
+
+async fn sql(client: &tokio_postgres::Client, statements: &[&str]) {
+    for statement in statements {
+        client
+            .batch_execute(statement)
+            .await
+            .unwrap_or_else(|err| panic!("{statement}: {err}"));
+    }
+}
+
+/// A query's rows in text form, one line per row.
+async fn rows(client: &tokio_postgres::Client, query: &str) -> Vec<String> {
+    client
+        .simple_query(query)
+        .await
+        .unwrap_or_else(|err| panic!("{query}: {err}"))
+        .into_iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(row) => Some(
+                (0..row.len())
+                    .map(|i| row.get(i).unwrap_or("NULL").to_owned())
+                    .collect::<Vec<_>>()
+                    .join(" | "),
+            ),
+            _ => None,
+        })
+        .collect()
+}
+
+const TABLES: &[&str] = &[
+    "CREATE TABLE a (id int PRIMARY KEY, name text, amount numeric, at timestamptz, \
+     doc jsonb, raw bytea, uid uuid, tags text[], big text)",
+    // Stored out of line uncompressed, so an update that leaves it alone
+    // sends it as unchanged.
+    "ALTER TABLE a ALTER COLUMN big SET STORAGE EXTERNAL",
+    "CREATE TABLE b (k text, n int, span interval, f float8, PRIMARY KEY (k, n))",
+];
+
+const A: &str = "SELECT id, name, amount, at, doc, raw, uid, tags, md5(big), length(big) \
+                 FROM a ORDER BY id";
+const B: &str = "SELECT * FROM b ORDER BY k, n";
+
+fn wire_batch(changes: Vec<Change>) -> Transformed {
+    Transformed {
+        source: Batch {
+            txn: Txn {
+                last: true,
+                ..Txn::default()
+            },
+            changes: Vec::new(),
+            bytes: 0,
+        },
+        items: changes
+            .into_iter()
+            .map(|c| Item::Wire(Box::new(c)))
+            .collect(),
+    }
+}
+
+fn insert(schema: &str, table: &str, id: i64, name: &str, route: Option<&str>) -> Change {
+    let mut change = Change::new(Op::Insert, schema, table);
+    change.columns = vec![
+        Column {
+            name: "id".into(),
+            type_name: "int4".into(),
+            key: true,
+        },
+        Column {
+            name: "name".into(),
+            type_name: "text".into(),
+            key: false,
+        },
+    ];
+    change.new = Some(Row::from_fields(vec![
+        ("id".into(), Value::Int(id)),
+        ("name".into(), Value::Text(name.into())),
+    ]));
+    change.route = route.map(str::to_owned);
+    change
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_target_ends_equal_to_the_source_and_replays_change_nothing() {
+    let pg = cluster();
+    pg.create_database("target").expect("target database");
+    let source = connect(&pg.conninfo("postgres")).await;
+    let target = connect(&pg.conninfo("target")).await;
+    sql(&source, TABLES).await;
+    sql(&target, TABLES).await;
+    let mut running = Running::start(config(&pg, "pub", "slot", &["a", "b"]), Lsn::ZERO, 16).await;
+    sql(
+        &source,
+        &[
+            "INSERT INTO a VALUES
+               (1, 'one', 12.50, '2026-12-02 10:00:00.5+02', '{\"x\": [1, null]}', '\\x00ff',
+                'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '{\"p q\",NULL,\"r\\\"s\"}',
+                repeat('big one ', 5000)),
+               (2, 'two', -0.001, '-infinity', 'null', '', NULL, '{}',
+                repeat('big two ', 5000)),
+               (3, NULL, 'NaN', NULL, NULL, NULL, NULL, NULL, NULL)",
+            "INSERT INTO b VALUES ('x', 1, '1 year 2 mons -3 days 04:05:06.5', 0.1),
+               ('x', 2, '-00:00:00.5', '-Infinity'), ('y', 1, NULL, NULL)",
+            // Leaves `big` unchanged (TOAST), and changes the key of one row.
+            "UPDATE a SET name = 'uno', amount = amount * 2 WHERE id = 1",
+            "UPDATE a SET id = 20, name = 'twenty' WHERE id = 2",
+            "UPDATE a SET big = repeat('new ', 3000) WHERE id = 3",
+            "DELETE FROM a WHERE id = 3",
+            "UPDATE b SET n = 3 WHERE k = 'x' AND n = 2",
+            "BEGIN; TRUNCATE b; INSERT INTO b VALUES ('z', 9, '1 day', 1e300); COMMIT",
+            "BEGIN; SELECT pg_logical_emit_message(true, 'p', 'ignored');
+             INSERT INTO a VALUES (4, 'four', 4, now(), '[]', '\\xdead', gen_random_uuid(),
+               ARRAY['a', 'b'], 'small'); COMMIT",
+            "INSERT INTO b VALUES ('end', 0, NULL, NULL)",
+        ],
+    )
+    .await;
+    let batches = running
+        .until(20, |b| render(b).iter().any(|line| line.contains("'end'")))
+        .await;
+    let rendered: Vec<String> = batches.iter().flat_map(render).collect();
+    assert!(
+        rendered.iter().any(|l| l.contains("big=unchanged")),
+        "an update with an unchanged TOAST value: {rendered:#?}"
+    );
+
+    let mut sink = PostgresSink::connect(&pg.conninfo("target"), None, BTreeMap::new())
+        .await
+        .expect("connects");
+    let started = Instant::now();
+    for batch in &batches {
+        sink.write(&Transformed::untouched(batch.clone()))
+            .await
+            .expect("writes");
+    }
+    eprintln!("{} batches in {:?}", batches.len(), started.elapsed());
+    let want_a = rows(&source, A).await;
+    let want_b = rows(&source, B).await;
+    assert_eq!(rows(&target, A).await, want_a);
+    assert_eq!(rows(&target, B).await, want_b);
+    assert_eq!(want_a.len(), 3, "{want_a:#?}");
+
+    // A crash before the checkpoint replays the tail: every suffix, and the
+    // whole stream, again.
+    for from in [batches.len() - 1, batches.len() / 2, 0] {
+        for batch in &batches[from..] {
+            sink.write(&Transformed::untouched(batch.clone()))
+                .await
+                .unwrap_or_else(|err| panic!("replaying from batch {from}: {err}"));
+        }
+        assert_eq!(rows(&target, A).await, want_a, "replayed from batch {from}");
+        assert_eq!(rows(&target, B).await, want_b, "replayed from batch {from}");
+    }
+    running.stop().await.expect("the source stops cleanly");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tables_schema_and_route_choose_the_target() {
+    let pg = cluster();
+    pg.create_database("target").expect("target database");
+    let target = connect(&pg.conninfo("target")).await;
+    sql(
+        &target,
+        &[
+            "CREATE SCHEMA copy",
+            "CREATE SCHEMA elsewhere",
+            "CREATE TABLE copy.t (id int PRIMARY KEY, name text)",
+            "CREATE TABLE copy.renamed (id int PRIMARY KEY, name text)",
+            "CREATE TABLE elsewhere.routed (id int PRIMARY KEY, name text)",
+            "CREATE TABLE copy.bare (id int PRIMARY KEY, name text)",
+        ],
+    )
+    .await;
+    let tables = BTreeMap::from([("public.m".to_owned(), "renamed".to_owned())]);
+    let mut sink = PostgresSink::connect(&pg.conninfo("target"), Some("copy".into()), tables)
+        .await
+        .expect("connects");
+    sink.write(&wire_batch(vec![
+        insert("public", "t", 1, "schema override", None),
+        insert("public", "m", 2, "mapped", None),
+        insert("public", "t", 3, "routed", Some("elsewhere.routed")),
+        insert("public", "m", 4, "bare route", Some("bare")),
+    ]))
+    .await
+    .expect("writes");
+    assert_eq!(
+        rows(&target, "SELECT * FROM copy.t").await,
+        ["1 | schema override"]
+    );
+    assert_eq!(
+        rows(&target, "SELECT * FROM copy.renamed").await,
+        ["2 | mapped"]
+    );
+    assert_eq!(
+        rows(&target, "SELECT * FROM elsewhere.routed").await,
+        ["3 | routed"]
+    );
+    assert_eq!(
+        rows(&target, "SELECT * FROM copy.bare").await,
+        ["4 | bare route"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_table_is_definite_and_a_lost_connection_transient() {
+    let pg = cluster();
+    pg.create_database("target").expect("target database");
+    let target = connect(&pg.conninfo("target")).await;
+    sql(&target, &["CREATE TABLE t (id int PRIMARY KEY, name text)"]).await;
+    let mut sink = PostgresSink::connect(&pg.conninfo("target"), None, BTreeMap::new())
+        .await
+        .expect("connects");
+
+    let err: SinkError = sink
+        .write(&wire_batch(vec![
+            insert("public", "t", 1, "kept out by the rollback", None),
+            insert("public", "absent", 1, "x", None),
+        ]))
+        .await
+        .expect_err("no such table");
+    assert!(!err.transient, "{err}");
+    assert!(err.message.contains("public.absent"), "{err}");
+    assert!(err.message.contains("create it"), "{err}");
+    assert!(
+        rows(&target, "SELECT * FROM t").await.is_empty(),
+        "one transaction per batch"
+    );
+
+    let mut no_column = insert("public", "t", 1, "x", None);
+    if let Some(new) = &mut no_column.new {
+        new.set("colour", "red");
+    }
+    let err = sink
+        .write(&wire_batch(vec![no_column]))
+        .await
+        .expect_err("no such column");
+    assert!(!err.transient, "{err}");
+    assert!(err.message.contains("colour"), "{err}");
+
+    let mut keyless = insert("public", "t", 1, "x", None);
+    keyless.columns.iter_mut().for_each(|c| c.key = false);
+    let err = sink
+        .write(&wire_batch(vec![keyless]))
+        .await
+        .expect_err("no key");
+    assert!(!err.transient, "{err}");
+    assert!(err.message.contains("primary key"), "{err}");
+
+    sink.write(&wire_batch(vec![insert("public", "t", 1, "one", None)]))
+        .await
+        .expect("writes after definite errors");
+
+    // Gone while idle: the sink notices the closed connection and
+    // reconnects before the next write.
+    let terminated = rows(
+        &target,
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE datname = 'target' AND pid <> pg_backend_pid()",
+    )
+    .await;
+    assert_eq!(terminated, ["1"], "the sink's one connection");
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    sink.write(&wire_batch(vec![insert("public", "t", 2, "two", None)]))
+        .await
+        .expect("reconnects before writing");
+
+    // Gone in the middle of a batch: blocked behind a lock, then terminated.
+    let locker = connect(&pg.conninfo("target")).await;
+    sql(&locker, &["BEGIN", "LOCK TABLE t IN ACCESS EXCLUSIVE MODE"]).await;
+    let batch = wire_batch(vec![insert("public", "t", 3, "three", None)]);
+    let (written, ()) = tokio::join!(sink.write(&batch), async {
+        let query = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                     WHERE datname = 'target' AND wait_event_type = 'Lock'";
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while rows(&locker, query).await != ["1"] {
+            assert!(
+                Instant::now() < deadline,
+                "the sink never waited on the lock"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    });
+    sql(&locker, &["COMMIT"]).await;
+    let err = written.expect_err("the connection went away mid-batch");
+    assert!(err.transient, "{err}");
+    sink.write(&batch)
+        .await
+        .expect("reconnects after the failure");
+    assert_eq!(
+        rows(&target, "SELECT * FROM t ORDER BY id").await,
+        ["1 | one", "2 | two", "3 | three"]
+    );
+}
