@@ -15,7 +15,8 @@
 //! checkpoints in commit order whatever order acknowledgements come in.
 //!
 //! A sink error is retried with capped exponential back-off and never
-//! advances the checkpoint. A module failure follows `on_error`: `fail`
+//! advances the checkpoint. A module failure, or a batch the sink refuses
+//! definitely (an HTTP 400), follows `on_error`: `fail`
 //! stops the pipeline without acknowledging the batch, `skip` acknowledges
 //! it unwritten, `dead_letter` stores it in the state file first. Shutdown
 //! stops the source, drains what is in flight within `drain_timeout`,
@@ -238,7 +239,9 @@ pub async fn run<S: Sink>(
             Staged::Ready(transformed) => transformed,
             Staged::Failed(batch, error) => {
                 counters.module_failures.fetch_add(1, Ordering::Relaxed);
-                match handle_failure(&config, &store, &counters, &batch, error).await {
+                match handle_failure(&config, &store, &counters, &batch, Failure::Module(error))
+                    .await
+                {
                     Ok(()) => {
                         feedback.ack(&batch.txn);
                         continue;
@@ -277,7 +280,15 @@ pub async fn run<S: Sink>(
                 feedback.ack(transformed.txn());
             }
             Err(None) => break Ok(()),
-            Err(Some(err)) => break Err(PipelineError::Sink(err)),
+            Err(Some(err)) => {
+                // A definite refusal follows `on_error`, like a module
+                // failure.
+                let source = &transformed.source;
+                match handle_failure(&config, &store, &counters, source, Failure::Sink(err)).await {
+                    Ok(()) => feedback.ack(transformed.txn()),
+                    Err(err) => break Err(err),
+                }
+            }
         }
     };
 
@@ -347,29 +358,53 @@ fn spawn_transforms(
         .expect("spawning the transform thread")
 }
 
-/// Applies `on_error` to a batch a module failed on; Ok means the batch is
-/// dealt with and may be acknowledged.
+/// What went definitely wrong with a batch.
+enum Failure {
+    /// A module failed on it.
+    Module(ChainError),
+    /// The sink refused it (and retrying will not help).
+    Sink(SinkError),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Module(e) => e.fmt(f),
+            Failure::Sink(e) => write!(f, "sink: {e}"),
+        }
+    }
+}
+
+/// Applies `on_error` to a batch a module failed on or the sink refused;
+/// Ok means the batch is dealt with and may be acknowledged.
 async fn handle_failure(
     config: &PipelineConfig,
     store: &Arc<Store>,
     counters: &PipelineStats,
     batch: &Batch,
-    error: ChainError,
+    error: Failure,
 ) -> Result<(), PipelineError> {
     let name = &config.name;
     let commit_lsn = source::Lsn(batch.txn.commit_lsn);
+    let what = match error {
+        Failure::Module(_) => "module failed",
+        Failure::Sink(_) => "sink refused the batch",
+    };
     match config.on_error {
         OnError::Fail => {
-            tracing::error!(pipeline = %name, xid = batch.txn.xid, commit_lsn = %commit_lsn, error = %error, "module failed; stopping the pipeline (on_error = \"fail\")");
-            Err(PipelineError::Transform {
-                xid: batch.txn.xid,
-                commit_lsn,
-                error,
+            tracing::error!(pipeline = %name, xid = batch.txn.xid, commit_lsn = %commit_lsn, error = %error, "{what}; stopping the pipeline (on_error = \"fail\")");
+            Err(match error {
+                Failure::Module(error) => PipelineError::Transform {
+                    xid: batch.txn.xid,
+                    commit_lsn,
+                    error,
+                },
+                Failure::Sink(error) => PipelineError::Sink(error),
             })
         }
         OnError::Skip => {
             counters.skipped.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(pipeline = %name, xid = batch.txn.xid, commit_lsn = %commit_lsn, changes = batch.changes.len(), error = %error, "module failed; batch skipped (on_error = \"skip\")");
+            tracing::warn!(pipeline = %name, xid = batch.txn.xid, commit_lsn = %commit_lsn, changes = batch.changes.len(), error = %error, "{what}; batch skipped (on_error = \"skip\")");
             Ok(())
         }
         OnError::DeadLetter => {
@@ -380,6 +415,7 @@ async fn handle_failure(
                         detail: format!("encoding a dead letter: {e}"),
                     })
                 })?;
+            let message_for_log = error.to_string();
             let (store, pipeline, message) = (store.clone(), name.clone(), error.to_string());
             let id = tokio::task::spawn_blocking(move || {
                 store.add_dead_letter(&pipeline, &bytes, &message, 0)
@@ -391,7 +427,7 @@ async fn handle_failure(
                 )))
             })??;
             counters.dead_letters.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(pipeline = %name, xid = batch.txn.xid, commit_lsn = %commit_lsn, dead_letter = id, error = %error, "module failed; batch stored as a dead letter (on_error = \"dead_letter\")");
+            tracing::warn!(pipeline = %name, xid = batch.txn.xid, commit_lsn = %commit_lsn, dead_letter = id, error = %message_for_log, "{what}; batch stored as a dead letter (on_error = \"dead_letter\")");
             Ok(())
         }
     }

@@ -16,6 +16,7 @@ use crate::checkpoint::Store;
 use crate::config::{Config, PipelineSpec, SinkSpec};
 use crate::pipeline::{self, PipelineConfig, PipelineError};
 use crate::sink::file::FileSink;
+use crate::sink::http::HttpSink;
 use crate::sink::stdout::StdoutSink;
 use crate::sink::{Sink, SinkError};
 use crate::source::{ConnInfo, SourceConfig};
@@ -48,6 +49,8 @@ pub enum AnySink {
     Stdout(StdoutSink),
     /// `file`.
     File(FileSink),
+    /// `http`.
+    Http(HttpSink),
 }
 
 impl Sink for AnySink {
@@ -55,6 +58,7 @@ impl Sink for AnySink {
         match self {
             AnySink::Stdout(sink) => sink.write(batch).await,
             AnySink::File(sink) => sink.write(batch).await,
+            AnySink::Http(sink) => sink.write(batch).await,
         }
     }
 }
@@ -140,9 +144,26 @@ fn prepare_pipeline(spec: &PipelineSpec, engine: &Engine) -> Result<Prepared, St
             FileSink::open(Path::new(&path.0), rotate_at.map(|s| s.0 as u64))
                 .map_err(|e| fail(format!("sink: {e}")))?,
         ),
-        SinkSpec::Postgres { .. } | SinkSpec::Http { .. } => {
+        SinkSpec::Http {
+            url,
+            headers,
+            timeout,
+            ..
+        } => AnySink::Http(
+            HttpSink::new(
+                &url.0,
+                headers
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.0.clone()))
+                    .collect(),
+                timeout.0,
+            )
+            .and_then(|sink| sink.with_key_prefix(&name))
+            .map_err(|e| fail(format!("sink: {e}")))?,
+        ),
+        SinkSpec::Postgres { .. } => {
             return Err(fail(
-                "sink: this build of datum has only the `stdout` and `file` sinks".into(),
+                "sink: this build of datum has no `postgres` sink yet".into(),
             ));
         }
     };
@@ -151,6 +172,15 @@ fn prepare_pipeline(spec: &PipelineSpec, engine: &Engine) -> Result<Prepared, St
     config.modules = modules;
     config.on_error = spec.on_error;
     config.channel_capacity = spec.in_flight.0;
+    if let SinkSpec::Http {
+        retry_initial,
+        retry_max,
+        ..
+    } = &spec.sink
+    {
+        config.sink_retry_initial = retry_initial.0;
+        config.sink_retry_max = retry_max.0;
+    }
     Ok(Prepared { config, sink })
 }
 
