@@ -39,6 +39,7 @@ use crate::source::ConnInfo;
 use crate::source::catalog;
 use crate::source::replication::quote_ident;
 use crate::transform::Transformed;
+use crate::transform::encode::ChangeRef;
 
 /// See the module documentation.
 pub struct PostgresSink {
@@ -130,9 +131,10 @@ impl PostgresSink {
 
 impl Sink for PostgresSink {
     async fn write(&mut self, batch: &Transformed) -> Result<(), SinkError> {
-        let applies = batch
-            .changes()
-            .any(|c| !matches!(c.to_wire().op, Op::Message));
+        let applies = batch.changes().any(|c| match c {
+            ChangeRef::Source(change) => !matches!(change, crate::batch::Change::Message { .. }),
+            ChangeRef::Wire(change) => change.op != Op::Message,
+        });
         if !applies {
             return Ok(());
         }
