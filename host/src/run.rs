@@ -50,7 +50,7 @@ pub enum AnySink {
     /// `file`.
     File(FileSink),
     /// `http`.
-    Http(HttpSink),
+    Http(Box<HttpSink>),
 }
 
 impl Sink for AnySink {
@@ -159,6 +159,7 @@ fn prepare_pipeline(spec: &PipelineSpec, engine: &Engine) -> Result<Prepared, St
                 timeout.0,
             )
             .and_then(|sink| sink.with_key_prefix(&name))
+            .map(Box::new)
             .map_err(|e| fail(format!("sink: {e}")))?,
         ),
         SinkSpec::Postgres { .. } => {
