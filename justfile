@@ -34,6 +34,28 @@ wasm: _wasm-target
     done
     echo "built $built example module(s) into target/wasm32-wasip1/release/"
 
+# Run every example's golden fixtures (`just golden-bless` rewrites the
+# expected files from the modules' output: review the diff before committing).
+golden: wasm
+    #!/usr/bin/env bash
+    set -euo pipefail
+    cargo build -q -p datum --bin datum
+    for dir in examples-wasm/*/fixtures; do
+        name=$(basename "$(dirname "$dir")")
+        target/debug/datum test "target/wasm32-wasip1/release/$name.wasm" "$dir"
+    done
+
+# Rewrite the examples' expected files from their modules' output.
+golden-bless: wasm
+    #!/usr/bin/env bash
+    set -euo pipefail
+    cargo build -q -p datum --bin datum
+    for dir in examples-wasm/*/fixtures; do
+        name=$(basename "$(dirname "$dir")")
+        target/debug/datum test "target/wasm32-wasip1/release/$name.wasm" "$dir" --bless
+    done
+    git status --short examples-wasm
+
 # Formatting and clippy, as CI wants them.
 lint:
     cargo fmt --all -- --check

@@ -17,6 +17,7 @@ use crate::config::{Config, PipelineSpec, SinkSpec};
 use crate::pipeline::{self, PipelineConfig, PipelineError};
 use crate::sink::file::FileSink;
 use crate::sink::http::HttpSink;
+use crate::sink::postgres::PostgresSink;
 use crate::sink::stdout::StdoutSink;
 use crate::sink::{Sink, SinkError};
 use crate::source::{ConnInfo, SourceConfig};
@@ -51,6 +52,8 @@ pub enum AnySink {
     File(FileSink),
     /// `http`.
     Http(Box<HttpSink>),
+    /// `postgres`.
+    Postgres(Box<PostgresSink>),
 }
 
 impl Sink for AnySink {
@@ -59,6 +62,7 @@ impl Sink for AnySink {
             AnySink::Stdout(sink) => sink.write(batch).await,
             AnySink::File(sink) => sink.write(batch).await,
             AnySink::Http(sink) => sink.write(batch).await,
+            AnySink::Postgres(sink) => sink.write(batch).await,
         }
     }
 }
@@ -72,9 +76,10 @@ pub struct Prepared {
     pub sink: AnySink,
 }
 
-/// Compiles the modules and opens the sinks of every pipeline; nothing
-/// connects to PostgreSQL yet.
-pub fn prepare(config: &Config) -> Result<Vec<Prepared>, StartError> {
+/// Compiles the modules and opens the sinks of every pipeline (a
+/// `postgres` sink connects to its target); the sources connect when the
+/// pipelines start.
+pub async fn prepare(config: &Config) -> Result<Vec<Prepared>, StartError> {
     let fuel = config
         .pipeline
         .iter()
@@ -84,14 +89,14 @@ pub fn prepare(config: &Config) -> Result<Vec<Prepared>, StartError> {
         fuel,
         ..EngineOptions::default()
     })?;
-    config
-        .pipeline
-        .iter()
-        .map(|spec| prepare_pipeline(spec, &engine))
-        .collect()
+    let mut prepared = Vec::new();
+    for spec in &config.pipeline {
+        prepared.push(prepare_pipeline(spec, &engine).await?);
+    }
+    Ok(prepared)
 }
 
-fn prepare_pipeline(spec: &PipelineSpec, engine: &Engine) -> Result<Prepared, StartError> {
+async fn prepare_pipeline(spec: &PipelineSpec, engine: &Engine) -> Result<Prepared, StartError> {
     let name = spec.name.0.clone();
     let fail = |message: String| StartError::Pipeline {
         pipeline: name.clone(),
@@ -162,11 +167,22 @@ fn prepare_pipeline(spec: &PipelineSpec, engine: &Engine) -> Result<Prepared, St
             .map(Box::new)
             .map_err(|e| fail(format!("sink: {e}")))?,
         ),
-        SinkSpec::Postgres { .. } => {
-            return Err(fail(
-                "sink: this build of datum has no `postgres` sink yet".into(),
-            ));
-        }
+        SinkSpec::Postgres {
+            url,
+            schema,
+            tables,
+        } => AnySink::Postgres(Box::new(
+            PostgresSink::connect(
+                &url.0,
+                schema.as_ref().map(|s| s.0.clone()),
+                tables
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.0.clone()))
+                    .collect(),
+            )
+            .await
+            .map_err(|e| fail(format!("sink: {e}")))?,
+        )),
     };
 
     let mut config = PipelineConfig::new(&name, source);
@@ -205,7 +221,7 @@ pub async fn run(
     config: &Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Report, StartError> {
-    let prepared = prepare(config)?;
+    let prepared = prepare(config).await?;
     let store = Arc::new(Store::open(&config.state.0)?);
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = Vec::new();

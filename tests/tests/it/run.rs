@@ -362,3 +362,90 @@ transforms = [{{ module = {module} }}]
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn a_postgres_sink_through_mask_pii_ends_equal_to_the_source_masked() {
+    let pg = cluster();
+    pg.create_database("target").expect("target database");
+    let client = connect(&pg.conninfo("postgres")).await;
+    let target = connect(&pg.conninfo("target")).await;
+    let schema = "CREATE TABLE customers (id int PRIMARY KEY, email text, name text);
+                  CREATE TABLE orders (id int PRIMARY KEY, customer int, amount numeric)";
+    client.batch_execute(schema).await.expect("source schema");
+    target.batch_execute(schema).await.expect("target schema");
+    let dir = temp_dir("postgres");
+    let config = format!(
+        r#"
+state = "state.redb"
+
+[[pipeline]]
+name = "shop"
+source = {{ url = {url}, tables = ["customers", "orders"] }}
+sink = {{ type = "postgres", url = {target} }}
+transforms = [{{ module = {module}, config = {{ columns = ["email"], salt = "pepper" }} }}]
+"#,
+        url = toml_string(&pg.conninfo("postgres")),
+        target = toml_string(&pg.conninfo("target")),
+        module = toml_string(example_wasm_path("mask_pii").to_str().unwrap()),
+    );
+    let host = Host::start(&dir, &config);
+    wait_for_slots(&client, &["datum_shop"], &host).await;
+    for statement in [
+        "INSERT INTO customers SELECT i, 'c' || i || '@example.com', 'name ' || i FROM generate_series(1, 50) i",
+        "INSERT INTO orders SELECT i, i % 50 + 1, i * 1.5 FROM generate_series(1, 80) i",
+        "UPDATE customers SET email = 'new' || id || '@example.com' WHERE id % 3 = 0",
+        "UPDATE customers SET id = id + 100 WHERE id = 7",
+        "DELETE FROM customers WHERE id % 5 = 0",
+        "TRUNCATE orders",
+        "INSERT INTO orders VALUES (999, 1, 9.99)",
+    ] {
+        client.batch_execute(statement).await.expect(statement);
+    }
+    let expected: Vec<String> = client
+        .query(
+            "SELECT format('%s|%s|%s', id, encode(sha256(convert_to('pepper' || email, 'UTF8')), 'hex'), name) \
+             FROM customers ORDER BY id",
+            &[],
+        )
+        .await
+        .expect("source")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let orders: Vec<String> = target
+            .query(
+                "SELECT format('%s|%s|%s', id, customer, amount) FROM orders ORDER BY id",
+                &[],
+            )
+            .await
+            .expect("target orders")
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        if orders == ["999|1|9.99"] {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "target orders: {orders:?}\n{}",
+            host.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let got: Vec<String> = target
+        .query(
+            "SELECT format('%s|%s|%s', id, email, name) FROM customers ORDER BY id",
+            &[],
+        )
+        .await
+        .expect("target customers")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(got, expected, "the target holds the source, masked");
+    let (status, log) = host.stop(20);
+    assert!(status.success(), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
