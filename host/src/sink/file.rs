@@ -59,10 +59,7 @@ impl FileSink {
     /// Opens (or creates) `path` for appending; the directory must exist.
     pub fn open(path: &Path, rotate_at: Option<u64>) -> Result<FileSink, SinkError> {
         let file = open(path)?;
-        let size = file
-            .metadata()
-            .map_err(io_error(path, "reading the size of"))?
-            .len();
+        let size = drop_torn_tail(path, &file)?;
         sync_dir(path)?;
         Ok(FileSink {
             state: Arc::new(Mutex::new(State {
@@ -74,6 +71,45 @@ impl FileSink {
             buffer: Vec::new(),
         })
     }
+}
+
+/// A crash in the middle of a write can leave a last line without its
+/// newline: that batch was never acknowledged and will be written again, so
+/// the torn bytes are cut off before anything is appended. Returns the size.
+fn drop_torn_tail(path: &Path, file: &File) -> Result<u64, SinkError> {
+    use std::io::{Read, Seek, SeekFrom};
+    let size = file
+        .metadata()
+        .map_err(io_error(path, "reading the size of"))?
+        .len();
+    if size == 0 {
+        return Ok(0);
+    }
+    let mut reader = File::open(path).map_err(io_error(path, "reading"))?;
+    // Scan back in blocks for the last newline.
+    let mut end = size;
+    let mut block = vec![0u8; 64 << 10];
+    let keep = loop {
+        let start = end.saturating_sub(block.len() as u64);
+        let len = (end - start) as usize;
+        reader
+            .seek(SeekFrom::Start(start))
+            .and_then(|_| reader.read_exact(&mut block[..len]))
+            .map_err(io_error(path, "reading"))?;
+        if let Some(i) = block[..len].iter().rposition(|b| *b == b'\n') {
+            break start + i as u64 + 1;
+        }
+        if start == 0 {
+            break 0;
+        }
+        end = start;
+    };
+    if keep < size {
+        tracing::warn!(path = %path.display(), bytes = size - keep, "cutting off a torn last line (a write interrupted by a crash; its batch is written again)");
+        file.set_len(keep).map_err(io_error(path, "truncating"))?;
+        file.sync_all().map_err(io_error(path, "syncing"))?;
+    }
+    Ok(keep)
 }
 
 impl State {
@@ -128,5 +164,39 @@ impl Sink for FileSink {
         .map_err(|e| SinkError::transient(format!("file writer task: {e}")))?;
         self.buffer = bytes;
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_torn_last_line_is_cut_off_on_open() {
+        let dir = std::env::temp_dir().join(format!("datum-file-sink-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("out.jsonl");
+        for (content, kept) in [
+            ("", ""),
+            ("{\"a\": 1}\n", "{\"a\": 1}\n"),
+            ("{\"a\": 1}\n{\"b\"", "{\"a\": 1}\n"),
+            ("{\"torn", ""),
+        ] {
+            std::fs::write(&path, content).expect("write");
+            let sink = FileSink::open(&path, None).expect("open");
+            assert_eq!(std::fs::read_to_string(&path).expect("read"), kept);
+            let state = sink.state.lock().expect("lock");
+            assert_eq!(state.size, kept.len() as u64);
+        }
+        // A long torn tail spanning several scan blocks.
+        let mut long = String::from("{\"ok\": 1}\n");
+        long.push_str(&"x".repeat(200_000));
+        std::fs::write(&path, &long).expect("write");
+        FileSink::open(&path, None).expect("open");
+        assert_eq!(
+            std::fs::read_to_string(&path).expect("read"),
+            "{\"ok\": 1}\n"
+        );
+        std::fs::remove_dir_all(&dir).ok();
     }
 }
