@@ -15,6 +15,14 @@ demo:
 test: _pg _wasm-target
     #!/usr/bin/env bash
     set -euo pipefail
+    # What the tests run as a user would — the datum binary and the wasm
+    # modules — is built first, so no test spends its time limit compiling.
+    cargo build -p datum --bin datum
+    # One package per build, as the tests build them (so features resolve
+    # the same way and the tests' builds are no-ops).
+    for dir in examples-wasm/*/ tests/guests/*/; do
+        cargo build --release --target wasm32-wasip1 -p "example-$(basename "$dir")"
+    done
     if cargo nextest --version >/dev/null 2>&1; then
         cargo nextest run --workspace
     else
