@@ -6,10 +6,12 @@ set shell := ["bash", "-euo", "pipefail", "-c"]
 default:
     @just --list
 
-# Run the demo on a throwaway local PostgreSQL.
-demo:
-    @echo "The demo is not built yet: it arrives with \`datum run\` (issue 7)."
-    @echo "Until then, \`just test\` shows what works: it starts throwaway PostgreSQL clusters."
+# Run the demo on a throwaway local PostgreSQL; Ctrl-C stops it and removes
+# everything (`just demo --duration 30s --no-color` for a bounded run).
+demo *ARGS: _pg _wasm-target
+    cargo build -q -p datum --bin datum
+    cargo build -q --release --target wasm32-wasip1 -p example-mask_pii
+    target/debug/datum demo {{ARGS}}
 
 # Run the whole test suite (unit, integration, against real PostgreSQL).
 test: _pg _wasm-target

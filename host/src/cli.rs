@@ -34,6 +34,25 @@ pub enum Command {
         /// The configuration file (docs/config.md).
         config: PathBuf,
     },
+    /// The demo: a throwaway PostgreSQL, a writer making inserts, updates
+    /// and deletes on customers and orders, and a pipeline through the
+    /// mask_pii module into the stdout sink's readable view. Ctrl-C stops it
+    /// and removes everything it made.
+    Demo {
+        /// Stop after this long (`10s`, `2m`); default: at Ctrl-C.
+        #[arg(long)]
+        duration: Option<datum::config::Span>,
+        /// No ANSI colours (also: NO_COLOR, or output that is not a terminal).
+        #[arg(long)]
+        no_color: bool,
+        /// Writer transactions per second.
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        rate: u32,
+        /// The mask_pii module (default: the one built in this source tree,
+        /// target/wasm32-wasip1/release/mask_pii.wasm).
+        #[arg(long)]
+        module: Option<PathBuf>,
+    },
     /// Check that a source database can feed a pipeline: server version,
     /// wal_level, replication privilege, encoding, tables and their replica
     /// identity, publication coverage, slot state. Exits 1 if a requirement

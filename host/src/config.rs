@@ -202,8 +202,16 @@ pub enum OnError {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum SinkSpec {
-    /// JSON lines on standard output.
-    Stdout {},
+    /// JSON lines on standard output, or a readable view.
+    Stdout {
+        /// `json` (JSON lines, the default) or `pretty` (each change as it
+        /// came in and as it went out, for people).
+        #[serde(default)]
+        format: StdoutFormat,
+        /// Colour in the `pretty` format; default: when standard output is
+        /// a terminal and `NO_COLOR` is unset.
+        color: Option<bool>,
+    },
     /// JSON lines in a file, fsynced before each acknowledgement.
     File {
         /// The file; relative to the configuration file's directory.
@@ -238,6 +246,17 @@ pub enum SinkSpec {
         #[serde(default = "default_retry_max")]
         retry_max: Span,
     },
+}
+
+/// What the `stdout` sink writes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StdoutFormat {
+    /// JSON lines, one change per line.
+    #[default]
+    Json,
+    /// The readable view of `datum::sink::pretty`.
+    Pretty,
 }
 
 fn default_http_timeout() -> Span {
@@ -359,10 +378,15 @@ pub struct Span(pub Duration);
 impl<'de> Deserialize<'de> for Span {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Span, D::Error> {
         let text = String::deserialize(deserializer)?;
-        parse_span(&text).map(Span).ok_or_else(|| {
-            de::Error::custom(format!(
-                "`{text}` is not a duration: write a number and a unit, like \"500ms\", \"5s\", \"2m\""
-            ))
+        text.parse().map_err(de::Error::custom)
+    }
+}
+
+impl std::str::FromStr for Span {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Span, String> {
+        parse_span(text).map(Span).ok_or_else(|| {
+            format!("`{text}` is not a duration: write a number and a unit, like \"500ms\", \"5s\", \"2m\"")
         })
     }
 }
@@ -590,7 +614,13 @@ sink.type = "stdout"
         assert!(p.transforms.is_empty());
         assert!(p.source.terminate_stale_holder);
         assert_eq!(p.batch.limits(), BatchLimits::default());
-        assert!(matches!(p.sink, SinkSpec::Stdout {}));
+        assert!(matches!(
+            p.sink,
+            SinkSpec::Stdout {
+                format: StdoutFormat::Json,
+                color: None
+            }
+        ));
     }
 
     #[test]

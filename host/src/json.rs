@@ -343,7 +343,7 @@ fn push_fraction(text: &mut String, fraction: i64) {
 }
 
 /// PostgreSQL's text form (`DateStyle=ISO`), in UTC for `timestamptz`.
-fn format_timestamp(t: Timestamp, tz: bool) -> String {
+pub(crate) fn format_timestamp(t: Timestamp, tz: bool) -> String {
     match t {
         Timestamp::Infinity => "infinity".into(),
         Timestamp::NegInfinity => "-infinity".into(),

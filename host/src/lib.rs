@@ -7,6 +7,7 @@
 pub mod batch;
 pub mod checkpoint;
 pub mod config;
+pub mod demo;
 pub mod feedback;
 pub mod golden;
 pub mod json;

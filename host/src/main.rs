@@ -12,8 +12,14 @@ use datum::{golden, record, scaffold};
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
+    // The demo's screen is its output: only warnings go to the log unless
+    // RUST_LOG asks for more.
+    let default_level = match cli.command {
+        cli::Command::Demo { .. } => "warn",
+        _ => "info",
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -34,6 +40,27 @@ fn main() -> ExitCode {
             match result {
                 Ok(report) if report.ok() => ExitCode::SUCCESS,
                 Ok(_) => ExitCode::from(1),
+                Err(err) => fail(err),
+            }
+        }
+        cli::Command::Demo {
+            duration,
+            no_color,
+            rate,
+            module,
+        } => {
+            let options = datum::demo::Options {
+                duration: duration.map(|d| d.0),
+                color: if no_color { Some(false) } else { None },
+                module,
+                rate,
+            };
+            let result = runtime().and_then(|rt| {
+                rt.block_on(datum::demo::run(options, signalled()))
+                    .map_err(|e| e.to_string())
+            });
+            match result {
+                Ok(_) => ExitCode::SUCCESS,
                 Err(err) => fail(err),
             }
         }

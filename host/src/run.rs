@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::checkpoint::Store;
-use crate::config::{Config, PipelineSpec, SinkSpec};
+use crate::config::{Config, PipelineSpec, SinkSpec, StdoutFormat};
 use crate::pipeline::{self, PipelineConfig, PipelineError};
 use crate::sink::file::FileSink;
 use crate::sink::http::HttpSink;
@@ -144,7 +144,14 @@ async fn prepare_pipeline(spec: &PipelineSpec, engine: &Engine) -> Result<Prepar
     }
 
     let sink = match &spec.sink {
-        SinkSpec::Stdout {} => AnySink::Stdout(StdoutSink::new()),
+        SinkSpec::Stdout {
+            format: StdoutFormat::Json,
+            ..
+        } => AnySink::Stdout(StdoutSink::new()),
+        SinkSpec::Stdout {
+            format: StdoutFormat::Pretty,
+            color,
+        } => AnySink::Stdout(StdoutSink::pretty(*color)),
         SinkSpec::File { path, rotate_at } => AnySink::File(
             FileSink::open(Path::new(&path.0), rotate_at.map(|s| s.0 as u64))
                 .map_err(|e| fail(format!("sink: {e}")))?,

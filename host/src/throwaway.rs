@@ -81,7 +81,9 @@ pub enum HarnessError {
     /// `PG_BIN` was set but does not hold the server binaries.
     #[error(
         "PG_BIN={} does not contain initdb and postgres; point PG_BIN at the server's bin \
-         directory (for example /usr/lib/postgresql/15/bin) or unset it",
+         directory (for example /usr/lib/postgresql/15/bin) or unset it. No server installed? \
+         Debian/Ubuntu: `apt-get install postgresql`; Fedora: `dnf install postgresql-server`; \
+         macOS: `brew install postgresql@16`",
         dir.display()
     )]
     BadPgBin {

@@ -9,6 +9,7 @@ pub mod file;
 pub mod http;
 pub mod jsonl;
 pub mod postgres;
+pub mod pretty;
 pub mod stdout;
 
 use std::future::Future;

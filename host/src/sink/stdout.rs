@@ -1,9 +1,11 @@
-//! The `stdout` sink: JSON lines on standard output, flushed before each
-//! acknowledgement. For trying things out and for piping into other tools;
-//! a closed pipe is a definite failure.
+//! The `stdout` sink: JSON lines on standard output (or, with the `pretty`
+//! format, a readable view of each change going in and coming out),
+//! flushed before each acknowledgement. For trying things out and for
+//! piping into other tools; a closed pipe is a definite failure.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 
+use super::pretty::{self, Style};
 use super::{Sink, SinkError, jsonl};
 use crate::transform::Transformed;
 
@@ -11,19 +13,40 @@ use crate::transform::Transformed;
 #[derive(Debug, Default)]
 pub struct StdoutSink {
     buffer: Vec<u8>,
+    pretty: Option<Style>,
 }
 
 impl StdoutSink {
-    /// A sink writing to the process's standard output.
+    /// A sink writing JSON lines to the process's standard output.
     pub fn new() -> StdoutSink {
         StdoutSink::default()
+    }
+
+    /// A sink writing the readable view of [`pretty`] instead; `color`
+    /// `None` means colour when standard output is a terminal and
+    /// `NO_COLOR` is not set.
+    pub fn pretty(color: Option<bool>) -> StdoutSink {
+        let color = color.unwrap_or_else(|| {
+            std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
+        });
+        StdoutSink {
+            buffer: Vec::new(),
+            pretty: Some(Style { color }),
+        }
     }
 }
 
 impl Sink for StdoutSink {
     async fn write(&mut self, batch: &Transformed) -> Result<(), SinkError> {
         self.buffer.clear();
-        jsonl::render(batch, &mut self.buffer);
+        match self.pretty {
+            Some(style) => {
+                let mut text = String::new();
+                pretty::render(batch, style, &mut text);
+                self.buffer.extend_from_slice(text.as_bytes());
+            }
+            None => jsonl::render(batch, &mut self.buffer),
+        }
         let mut out = std::io::stdout().lock();
         out.write_all(&self.buffer)
             .and_then(|()| out.flush())

@@ -3,6 +3,7 @@
 //! `docs/testing.md` for why one per test rather than a shared one).
 
 mod checkpoint;
+mod demo;
 mod golden;
 mod harness;
 mod modules;

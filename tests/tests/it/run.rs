@@ -25,13 +25,26 @@ struct Host {
 
 impl Host {
     fn start(dir: &Path, config: &str) -> Host {
+        Host::spawn(dir, config, Stdio::null())
+    }
+
+    /// With standard output in `stdout` (created anew).
+    fn start_with_stdout(dir: &Path, config: &str, stdout: &Path) -> Host {
+        Host::spawn(
+            dir,
+            config,
+            std::fs::File::create(stdout).expect("stdout file").into(),
+        )
+    }
+
+    fn spawn(dir: &Path, config: &str, stdout: Stdio) -> Host {
         let path = dir.join("datum.toml");
         std::fs::write(&path, config).expect("config");
         let stderr = dir.join("stderr.log");
         let child = Command::new(datum_bin())
             .arg("run")
             .arg(&path)
-            .stdout(Stdio::null())
+            .stdout(stdout)
             .stderr(std::fs::File::create(&stderr).expect("log file"))
             .spawn()
             .expect("datum run");
@@ -168,8 +181,137 @@ fn apply(lines: &[Json]) -> BTreeMap<String, BTreeMap<i64, Json>> {
     tables
 }
 
-#[tokio::test]
-async fn a_file_sink_through_mask_pii_ends_in_the_source_state_transformed() {
+/// Where an end-to-end run's output lands, and how to read it back as
+/// JSON lines (one change per line, with its `txn`).
+enum Output {
+    /// `sink.type = "file"`: the file.
+    File(PathBuf),
+    /// `sink.type = "stdout"`: the host's standard output, in a file.
+    Stdout(PathBuf),
+    /// `sink.type = "http"`: what an in-process receiver got.
+    Http(HttpReceiver),
+}
+
+impl Output {
+    fn sink_toml(&self) -> String {
+        match self {
+            Output::File(path) => format!(
+                "{{ type = \"file\", path = {} }}",
+                toml_string(path.to_str().unwrap())
+            ),
+            Output::Stdout(_) => "{ type = \"stdout\" }".to_owned(),
+            Output::Http(receiver) => format!(
+                "{{ type = \"http\", url = {}, headers = {{ Authorization = \"Bearer s3cret\" }}, \
+                 retry_initial = \"20ms\" }}",
+                toml_string(&receiver.url)
+            ),
+        }
+    }
+
+    fn start(&self, dir: &Path, config: &str) -> Host {
+        match self {
+            Output::Stdout(path) => Host::start_with_stdout(dir, config, path),
+            _ => Host::start(dir, config),
+        }
+    }
+
+    fn lines(&self) -> Vec<Json> {
+        match self {
+            Output::File(path) | Output::Stdout(path) => lines(path),
+            Output::Http(receiver) => receiver.lines(),
+        }
+    }
+
+    /// Waits (without blocking the runtime, which may serve the receiver)
+    /// until a line satisfies `done`.
+    async fn wait_for(&self, host: &Host, done: impl Fn(&Json) -> bool) -> Vec<Json> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let all = self.lines();
+            if all.iter().any(&done) {
+                return all;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the sink did not get there within 30s ({} lines):\n{}",
+                all.len(),
+                host.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// An HTTP receiver on loopback that keeps each batch it is sent once per
+/// idempotency key, as a receiver honouring the key would, and checks the
+/// configured header arrived.
+#[derive(Clone)]
+struct HttpReceiver {
+    url: String,
+    batches: std::sync::Arc<std::sync::Mutex<Vec<(String, Json)>>>,
+}
+
+impl HttpReceiver {
+    async fn start() -> HttpReceiver {
+        use axum::http::{HeaderMap, StatusCode};
+        type Batches = std::sync::Arc<std::sync::Mutex<Vec<(String, Json)>>>;
+        async fn receive(
+            axum::extract::State(batches): axum::extract::State<Batches>,
+            headers: HeaderMap,
+            body: axum::body::Bytes,
+        ) -> StatusCode {
+            let header = |name: &str| {
+                headers
+                    .get(name)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            if header("authorization") != "Bearer s3cret" {
+                return StatusCode::UNAUTHORIZED;
+            }
+            let Ok(body) = serde_json::from_slice::<Json>(&body) else {
+                return StatusCode::BAD_REQUEST;
+            };
+            let key = header("idempotency-key");
+            let mut batches = batches.lock().expect("lock");
+            if !batches.iter().any(|(k, _)| *k == key) {
+                batches.push((key, body));
+            }
+            StatusCode::NO_CONTENT
+        }
+        let batches = Batches::default();
+        let app = axum::Router::new()
+            .route("/ingest", axum::routing::post(receive))
+            .with_state(batches.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}/ingest", listener.local_addr().expect("addr"));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        HttpReceiver { url, batches }
+    }
+
+    /// The batches' changes as JSON lines: each change with its `txn`.
+    fn lines(&self) -> Vec<Json> {
+        let batches = self.batches.lock().expect("lock");
+        let mut lines = Vec::new();
+        for (_, body) in batches.iter() {
+            for change in body["changes"].as_array().expect("changes") {
+                let mut line = change.clone();
+                line["txn"] = body["txn"].clone();
+                lines.push(line);
+            }
+        }
+        lines
+    }
+}
+
+/// Inserts, updates (one of a key), deletes, a multi-statement transaction
+/// and a truncate over two tables through `mask_pii` into `output`'s sink
+/// with `datum run`: the sink's final state equals the source's state with
+/// emails masked, and after a clean stop a restart replays nothing.
+async fn source_state_transformed_arrives(output: Output, dir: PathBuf) {
     let pg = cluster();
     let client = connect(&pg.conninfo("postgres")).await;
     client
@@ -179,8 +321,6 @@ async fn a_file_sink_through_mask_pii_ends_in_the_source_state_transformed() {
         )
         .await
         .expect("schema");
-    let dir = temp_dir("file");
-    let out = dir.join("out.jsonl");
     let config = format!(
         r#"
 state = "state.redb"
@@ -189,16 +329,17 @@ state = "state.redb"
 name = "shop"
 source.url = {url}
 source.tables = ["public.customers", "public.orders"]
-sink = {{ type = "file", path = "out.jsonl" }}
+sink = {sink}
 
 [[pipeline.transforms]]
 module = {module}
 config = {{ columns = ["email"], salt = "pepper" }}
 "#,
         url = toml_string(&pg.conninfo("postgres")),
+        sink = output.sink_toml(),
         module = toml_string(example_wasm_path("mask_pii").to_str().unwrap()),
     );
-    let host = Host::start(&dir, &config);
+    let host = output.start(&dir, &config);
     wait_for_slots(&client, &["datum_shop"], &host).await;
     for statement in [
         "INSERT INTO customers SELECT i, 'c' || i || '@example.com', 'name ' || i FROM generate_series(1, 20) i",
@@ -212,10 +353,14 @@ config = {{ columns = ["email"], salt = "pepper" }}
     ] {
         client.batch_execute(statement).await.expect(statement);
     }
-    let got = wait_for_line(&out, &host, |l| l["new"]["id"] == 999);
+    let got = output.wait_for(&host, |l| l["new"]["id"] == 999).await;
     let (status, log) = host.stop(20);
     assert!(status.success(), "exit {status:?}:\n{log}");
     assert!(log.contains("pipeline stopped"), "{log}");
+    assert!(
+        !log.contains("s3cret"),
+        "a header value reached the log:\n{log}"
+    );
 
     // Every line carries its transaction; emails never appear in clear.
     for line in &got {
@@ -240,19 +385,41 @@ config = {{ columns = ["email"], salt = "pepper" }}
     );
     assert_eq!(apply(&got), expected);
 
-    // A clean stop checkpointed everything: a restart replays nothing.
-    let before = lines(&out).len();
-    let host = Host::start(&dir, &config);
+    // A clean stop checkpointed everything: a restart replays nothing (the
+    // stdout sink's file is rewritten by the restart, so it must stay empty).
+    let before = match &output {
+        Output::Stdout(_) => 0,
+        _ => output.lines().len(),
+    };
+    let host = output.start(&dir, &config);
     wait_for_slots(&client, &["datum_shop"], &host).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (status, log) = host.stop(20);
     assert!(status.success(), "{log}");
     assert_eq!(
-        lines(&out).len(),
+        output.lines().len(),
         before,
         "nothing replayed after a clean stop"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_file_sink_through_mask_pii_ends_in_the_source_state_transformed() {
+    let dir = temp_dir("file");
+    source_state_transformed_arrives(Output::File(dir.join("out.jsonl")), dir).await;
+}
+
+#[tokio::test]
+async fn the_stdout_sink_through_mask_pii_ends_in_the_source_state_transformed() {
+    let dir = temp_dir("stdout");
+    source_state_transformed_arrives(Output::Stdout(dir.join("stdout.jsonl")), dir).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_sink_through_mask_pii_ends_in_the_source_state_transformed() {
+    let dir = temp_dir("http");
+    source_state_transformed_arrives(Output::Http(HttpReceiver::start().await), dir).await;
 }
 
 #[tokio::test]
