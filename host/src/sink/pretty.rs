@@ -256,3 +256,129 @@ fn cut(text: &str) -> String {
     short.push('…');
     short
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use datum_guest::{Txn, Value};
+
+    use super::*;
+    use crate::batch::{Batch, Change, Column, OldRow, Relation, ReplicaIdentity};
+    use crate::source::TypeKind;
+
+    fn relation(schema: &str, columns: &[(&str, &str)]) -> Arc<Relation> {
+        Arc::new(Relation {
+            oid: 1,
+            schema: schema.into(),
+            table: "users".into(),
+            replica_identity: ReplicaIdentity::Default,
+            columns: columns
+                .iter()
+                .map(|(name, type_name)| Column {
+                    name: (*name).into(),
+                    type_oid: 0,
+                    type_name: (*type_name).into(),
+                    type_modifier: -1,
+                    key: *name == "id",
+                    kind: TypeKind::Text,
+                })
+                .collect(),
+        })
+    }
+
+    fn transformed(items: Vec<Item>) -> Transformed {
+        let users = relation(
+            "public",
+            &[
+                ("id", "int4"),
+                ("email", "text"),
+                ("score", "numeric"),
+                ("note", "text"),
+            ],
+        );
+        let crm = relation("crm", &[("id", "int4")]);
+        Transformed {
+            source: Batch {
+                txn: Txn {
+                    xid: 9,
+                    commit_lsn: 0x10,
+                    end_lsn: 0x20,
+                    commit_time: 0,
+                    chunk: 0,
+                    last: true,
+                },
+                changes: vec![
+                    Change::Insert {
+                        relation: users,
+                        new: vec![
+                            Value::Int(1),
+                            Value::Text("a@example.com".into()),
+                            Value::Numeric("1.50".into()),
+                            Value::Null,
+                        ],
+                    },
+                    Change::Delete {
+                        relation: crm,
+                        old: OldRow {
+                            key_only: true,
+                            values: vec![Value::Int(2)],
+                        },
+                    },
+                ],
+                bytes: 0,
+            },
+            items,
+        }
+    }
+
+    fn render_plain(t: &Transformed) -> String {
+        let mut out = String::new();
+        render(t, Style { color: false }, &mut out);
+        out
+    }
+
+    #[test]
+    fn pairs_each_change_with_its_output() {
+        let mut masked = crate::transform::encode::to_wire(&transformed(vec![]).source.changes[0]);
+        masked.new.as_mut().unwrap().set("email", "f".repeat(64));
+        let out = render_plain(&transformed(vec![
+            Item::Wire(Box::new(masked)),
+            Item::Source(1),
+        ]));
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 4, "{out}");
+        assert_eq!(lines[0], "txn 9 · 0/10 · 2 changes in, 2 out", "{out}");
+        assert_eq!(
+            lines[1],
+            "  in      insert   users      id=1 email='a@example.com' score=1.50 note=NULL"
+        );
+        assert_eq!(
+            lines[2],
+            "  out     insert   users      id=1 email='ffffffffffffffff…' score=1.50 note=NULL"
+        );
+        assert_eq!(lines[3], "  in=out  delete   crm.users  id=2");
+    }
+
+    #[test]
+    fn unpaired_output_lists_inputs_then_outputs() {
+        let out = render_plain(&transformed(vec![Item::Source(1)]));
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 4, "{out}");
+        assert!(lines[1].starts_with("  in      insert"), "{out}");
+        assert!(lines[2].starts_with("  in      delete"), "{out}");
+        assert!(
+            lines[3].starts_with("  out     delete   crm.users"),
+            "{out}"
+        );
+
+        let out = render_plain(&transformed(vec![]));
+        assert!(
+            out.contains("out     (none: the transforms dropped every change)"),
+            "{out}"
+        );
+        let mut colored = String::new();
+        render(&transformed(vec![]), Style { color: true }, &mut colored);
+        assert!(colored.contains("\x1b[32minsert"), "{colored}");
+    }
+}
