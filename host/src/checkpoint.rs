@@ -21,7 +21,13 @@
 //! | `snapshot_progress` | (pipeline, table) | (state, cursor bytes, rows copied, updated at µs) |
 //! | `module_versions` | (module, version) | (sha256, wasm bytes, uploaded at µs, note) |
 //! | `module_active` | module | active version |
+//! | `module_activations` | (module, seq) | (version, at µs, effective after LSN) |
 //! | `dead_letters` | (pipeline, id) | (batch bytes, error, module version, at µs) |
+//!
+//! A module is keyed `PIPELINE/NAME` (the transform's name in the pipeline);
+//! a version's note is JSON: `{"config": TOML text, "origin": "config" |
+//! "upload", "fixtures": N}`. `module_activations` was added without a format
+//! change: older builds ignore it, and it is created on open.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -48,6 +54,9 @@ pub(crate) const MODULE_VERSIONS: TableDefinition<(&str, u64), ModuleRow> =
     TableDefinition::new("module_versions");
 /// The active version of each module. Filled by hot swap.
 pub(crate) const MODULE_ACTIVE: TableDefinition<&str, u64> = TableDefinition::new("module_active");
+/// Each activation of a module version: (version, at, effective after LSN).
+pub(crate) const MODULE_ACTIVATIONS: TableDefinition<(&str, u64), (u64, i64, u64)> =
+    TableDefinition::new("module_activations");
 /// Dead letters: (batch, error, module version, at). Filled by `on_error`.
 type DeadLetterRow = (&'static [u8], &'static str, u64, i64);
 pub(crate) const DEAD_LETTERS: TableDefinition<(&str, u64), DeadLetterRow> =
@@ -221,6 +230,8 @@ impl Store {
             txn.open_table(MODULE_VERSIONS)
                 .map_err(|e| self.storage(e))?;
             txn.open_table(MODULE_ACTIVE).map_err(|e| self.storage(e))?;
+            txn.open_table(MODULE_ACTIVATIONS)
+                .map_err(|e| self.storage(e))?;
             txn.open_table(DEAD_LETTERS).map_err(|e| self.storage(e))?;
         }
         txn.commit().map_err(|e| self.storage(e))
@@ -373,6 +384,253 @@ impl Store {
             });
         }
         Ok(letters)
+    }
+}
+
+impl Store {
+    /// One dead letter.
+    pub fn dead_letter(
+        &self,
+        pipeline: &str,
+        id: u64,
+    ) -> Result<Option<DeadLetter>, CheckpointError> {
+        let txn = self.db.begin_read().map_err(|e| self.storage(e))?;
+        let table = txn.open_table(DEAD_LETTERS).map_err(|e| self.storage(e))?;
+        Ok(table
+            .get((pipeline, id))
+            .map_err(|e| self.storage(e))?
+            .map(|v| {
+                let (batch, error, module_version, at) = v.value();
+                DeadLetter {
+                    pipeline: pipeline.to_owned(),
+                    id,
+                    batch: batch.to_vec(),
+                    error: error.to_owned(),
+                    module_version,
+                    at,
+                }
+            }))
+    }
+
+    /// Durably removes a dead letter; whether it existed.
+    pub fn remove_dead_letter(&self, pipeline: &str, id: u64) -> Result<bool, CheckpointError> {
+        let txn = self.db.begin_write().map_err(|e| self.storage(e))?;
+        let existed = {
+            let mut table = txn.open_table(DEAD_LETTERS).map_err(|e| self.storage(e))?;
+            table
+                .remove((pipeline, id))
+                .map_err(|e| self.storage(e))?
+                .is_some()
+        };
+        txn.commit().map_err(|e| self.storage(e))?;
+        Ok(existed)
+    }
+}
+
+/// A stored version of a module.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModuleVersion {
+    /// The version, from 1, per module.
+    pub version: u64,
+    /// Lowercase hex SHA-256 of the wasm bytes.
+    pub sha256: String,
+    /// The module.
+    pub wasm: Vec<u8>,
+    /// Its configuration, as TOML text (the table `datum_init` receives).
+    pub config: String,
+    /// `config` (from the configuration file) or `upload` (admin API).
+    pub origin: String,
+    /// Golden cases it passed before it was stored.
+    pub fixtures: u64,
+    /// When it was stored, µs since the Unix epoch.
+    pub stored_at: i64,
+}
+
+/// One activation of a module version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Activation {
+    /// The version.
+    pub version: u64,
+    /// When, µs since the Unix epoch.
+    pub at: i64,
+    /// Every transaction ending after this LSN went through this version
+    /// (until the next activation).
+    pub effective_after: Lsn,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct VersionNote {
+    config: String,
+    origin: String,
+    #[serde(default)]
+    fixtures: u64,
+}
+
+impl Store {
+    /// Stores a new version of `module` (`PIPELINE/NAME`); returns its number.
+    /// Versions older than the newest `keep` are pruned, except the active
+    /// one, so rollback has somewhere to go and the file does not grow
+    /// without bound.
+    pub fn add_module_version(
+        &self,
+        module: &str,
+        wasm: &[u8],
+        config: &str,
+        origin: &str,
+        fixtures: u64,
+        keep: usize,
+    ) -> Result<ModuleVersion, CheckpointError> {
+        let sha256 = crate::transform::module::sha256_hex(wasm);
+        let note = serde_json::to_string(&VersionNote {
+            config: config.to_owned(),
+            origin: origin.to_owned(),
+            fixtures,
+        })
+        .map_err(|e| self.storage(e))?;
+        let stored_at = now_micros();
+        let txn = self.db.begin_write().map_err(|e| self.storage(e))?;
+        let version = {
+            let active = txn
+                .open_table(MODULE_ACTIVE)
+                .map_err(|e| self.storage(e))?
+                .get(module)
+                .map_err(|e| self.storage(e))?
+                .map(|v| v.value());
+            let mut table = txn
+                .open_table(MODULE_VERSIONS)
+                .map_err(|e| self.storage(e))?;
+            let existing: Vec<u64> = table
+                .range((module, 0)..=(module, u64::MAX))
+                .map_err(|e| self.storage(e))?
+                .map(|entry| entry.map(|(k, _)| k.value().1))
+                .collect::<Result<_, _>>()
+                .map_err(|e| self.storage(e))?;
+            let version = existing.last().copied().unwrap_or(0) + 1;
+            table
+                .insert(
+                    (module, version),
+                    (sha256.as_bytes(), wasm, stored_at, note.as_str()),
+                )
+                .map_err(|e| self.storage(e))?;
+            // Keep the newest `keep` (the new one among them) and the active.
+            let keep = keep.max(2);
+            let mut all = existing;
+            all.push(version);
+            let cut = all.len().saturating_sub(keep);
+            for old in &all[..cut] {
+                if Some(*old) != active {
+                    table.remove((module, *old)).map_err(|e| self.storage(e))?;
+                }
+            }
+            version
+        };
+        txn.commit().map_err(|e| self.storage(e))?;
+        Ok(ModuleVersion {
+            version,
+            sha256,
+            wasm: wasm.to_vec(),
+            config: config.to_owned(),
+            origin: origin.to_owned(),
+            fixtures,
+            stored_at,
+        })
+    }
+
+    /// The stored versions of `module`, oldest first.
+    pub fn module_versions(&self, module: &str) -> Result<Vec<ModuleVersion>, CheckpointError> {
+        let txn = self.db.begin_read().map_err(|e| self.storage(e))?;
+        let table = txn
+            .open_table(MODULE_VERSIONS)
+            .map_err(|e| self.storage(e))?;
+        let mut versions = Vec::new();
+        for entry in table
+            .range((module, 0)..=(module, u64::MAX))
+            .map_err(|e| self.storage(e))?
+        {
+            let (key, value) = entry.map_err(|e| self.storage(e))?;
+            let (sha256, wasm, stored_at, note) = value.value();
+            let note: VersionNote = serde_json::from_str(note).map_err(|e| self.storage(e))?;
+            versions.push(ModuleVersion {
+                version: key.value().1,
+                sha256: String::from_utf8_lossy(sha256).into_owned(),
+                wasm: wasm.to_vec(),
+                config: note.config,
+                origin: note.origin,
+                fixtures: note.fixtures,
+                stored_at,
+            });
+        }
+        Ok(versions)
+    }
+
+    /// The active version of `module`, if one was ever activated.
+    pub fn active_module_version(&self, module: &str) -> Result<Option<u64>, CheckpointError> {
+        let txn = self.db.begin_read().map_err(|e| self.storage(e))?;
+        let table = txn.open_table(MODULE_ACTIVE).map_err(|e| self.storage(e))?;
+        Ok(table
+            .get(module)
+            .map_err(|e| self.storage(e))?
+            .map(|v| v.value()))
+    }
+
+    /// Durably makes `version` the active version of `module` and records
+    /// the activation.
+    pub fn activate_module_version(
+        &self,
+        module: &str,
+        version: u64,
+        effective_after: Lsn,
+    ) -> Result<Activation, CheckpointError> {
+        let activation = Activation {
+            version,
+            at: now_micros(),
+            effective_after,
+        };
+        let txn = self.db.begin_write().map_err(|e| self.storage(e))?;
+        {
+            txn.open_table(MODULE_ACTIVE)
+                .map_err(|e| self.storage(e))?
+                .insert(module, version)
+                .map_err(|e| self.storage(e))?;
+            let mut table = txn
+                .open_table(MODULE_ACTIVATIONS)
+                .map_err(|e| self.storage(e))?;
+            let seq = table
+                .range((module, 0)..=(module, u64::MAX))
+                .map_err(|e| self.storage(e))?
+                .next_back()
+                .transpose()
+                .map_err(|e| self.storage(e))?
+                .map_or(0, |(k, _)| k.value().1)
+                + 1;
+            table
+                .insert((module, seq), (version, activation.at, effective_after.0))
+                .map_err(|e| self.storage(e))?;
+        }
+        txn.commit().map_err(|e| self.storage(e))?;
+        Ok(activation)
+    }
+
+    /// Every activation of `module`, oldest first.
+    pub fn module_activations(&self, module: &str) -> Result<Vec<Activation>, CheckpointError> {
+        let txn = self.db.begin_read().map_err(|e| self.storage(e))?;
+        let table = txn
+            .open_table(MODULE_ACTIVATIONS)
+            .map_err(|e| self.storage(e))?;
+        let mut activations = Vec::new();
+        for entry in table
+            .range((module, 0)..=(module, u64::MAX))
+            .map_err(|e| self.storage(e))?
+        {
+            let (_, value) = entry.map_err(|e| self.storage(e))?;
+            let (version, at, lsn) = value.value();
+            activations.push(Activation {
+                version,
+                at,
+                effective_after: Lsn(lsn),
+            });
+        }
+        Ok(activations)
     }
 }
 

@@ -50,10 +50,69 @@ pub struct Config {
     /// The pipelines, `[[pipeline]]` tables.
     #[serde(default)]
     pub pipeline: Vec<PipelineSpec>,
+    /// `[admin]`: the admin API, off unless present (docs/admin.md).
+    pub admin: Option<AdminSpec>,
 }
 
 fn default_state() -> Text {
     Text("datum-state.redb".into())
+}
+
+/// `[admin]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminSpec {
+    /// Where to listen.
+    #[serde(default = "default_listen")]
+    pub listen: Listen,
+    /// The bearer token (else `DATUM_ADMIN_TOKEN`, else a generated one).
+    pub token: Option<Text>,
+    /// Where a generated token is written; default: the state file's path
+    /// with `.admin-token` appended.
+    pub token_file: Option<Text>,
+    /// The largest upload body.
+    #[serde(default = "default_max_upload")]
+    pub max_upload: Size,
+    /// How long any request may take.
+    #[serde(default = "default_request_timeout")]
+    pub request_timeout: Span,
+}
+
+fn default_listen() -> Listen {
+    Listen(std::net::SocketAddr::from(([127, 0, 0, 1], 7070)))
+}
+
+fn default_max_upload() -> Size {
+    Size(10 << 20)
+}
+
+fn default_request_timeout() -> Span {
+    Span(Duration::from_secs(30))
+}
+
+/// A socket address, `"127.0.0.1:7070"` or `"[::1]:7070"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Listen(pub std::net::SocketAddr);
+
+impl<'de> Deserialize<'de> for Listen {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Listen, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map(Listen).map_err(|_| {
+            de::Error::custom(format!(
+                "`{text}` is not an address and port: write one like \"127.0.0.1:7070\""
+            ))
+        })
+    }
+}
+
+impl AdminSpec {
+    /// The token file: as configured, or beside the state file.
+    pub fn token_file(&self, state: &str) -> std::path::PathBuf {
+        self.token_file.as_ref().map_or_else(
+            || std::path::PathBuf::from(format!("{state}.admin-token")),
+            |t| std::path::PathBuf::from(&t.0),
+        )
+    }
 }
 
 /// One `[[pipeline]]`.
@@ -508,6 +567,17 @@ impl Config {
             if !names.insert(&p.name.0) {
                 return Err(format!("two pipelines are named `{}`", p.name.0));
             }
+            let mut transforms = std::collections::HashSet::new();
+            for t in &p.transforms {
+                let name = t.name();
+                if !transforms.insert(name.clone()) {
+                    return Err(format!(
+                        "pipeline `{}` has two transforms named `{name}`: give one a `name` \
+                         (the admin API and the module registry tell them apart by it)",
+                        p.name.0
+                    ));
+                }
+            }
             let slot = p.slot();
             if let Some(other) = slots.insert(slot.clone(), &p.name.0) {
                 return Err(format!(
@@ -536,6 +606,27 @@ impl Config {
                 resolve(path);
             }
         }
+        if let Some(admin) = &mut self.admin
+            && let Some(file) = &mut admin.token_file
+        {
+            resolve(file);
+        }
+    }
+}
+
+impl TransformSpec {
+    /// Its name: as configured, or the module file's stem.
+    pub fn name(&self) -> String {
+        self.name.as_ref().map_or_else(
+            || {
+                Path::new(&self.module.0)
+                    .file_stem()
+                    .and_then(|s| s.to_str())
+                    .unwrap_or("module")
+                    .to_owned()
+            },
+            |n| n.0.clone(),
+        )
     }
 }
 

@@ -10,6 +10,7 @@ pub mod config;
 pub mod demo;
 pub mod feedback;
 pub mod golden;
+pub mod hotswap;
 pub mod json;
 pub mod pipeline;
 pub mod record;

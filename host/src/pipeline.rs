@@ -33,12 +33,13 @@ use crate::batch::Batch;
 use crate::checkpoint::{self, CheckpointError, CommitPolicy, Offset, Store};
 use crate::config::OnError;
 use crate::feedback::Feedback;
+use crate::hotswap::{ActiveChain, Slot};
 use crate::sink::{Sink, SinkError};
 use crate::source::stream::SourceStats;
 use crate::source::{self, SourceConfig, SourceError};
 use crate::transform::chain::ChainError;
 use crate::transform::encode::{ChangeRef, encode_input};
-use crate::transform::{Chain, Module, Transformed};
+use crate::transform::{Module, Transformed};
 
 /// How a pipeline runs.
 #[derive(Debug, Clone)]
@@ -63,6 +64,14 @@ pub struct PipelineConfig {
     pub sink_retry_max: Duration,
     /// On shutdown, how long batches in flight may take to reach the sink.
     pub drain_timeout: Duration,
+    /// The hot-swappable chain (`crate::hotswap`); when `None`, one is made
+    /// from `modules`, outside the registry (version 0).
+    pub chain: Option<Arc<ActiveChain>>,
+    /// The source's counters (shared by clones of this configuration, so
+    /// they outlive a pause).
+    pub source_stats: Arc<SourceStats>,
+    /// The pipeline's counters (likewise).
+    pub stats: Arc<PipelineStats>,
 }
 
 impl PipelineConfig {
@@ -79,6 +88,9 @@ impl PipelineConfig {
             sink_retry_initial: Duration::from_millis(100),
             sink_retry_max: Duration::from_secs(30),
             drain_timeout: Duration::from_secs(10),
+            chain: None,
+            source_stats: Arc::default(),
+            stats: Arc::default(),
         }
     }
 }
@@ -124,6 +136,38 @@ pub struct PipelineStats {
     pub sink_retries: AtomicU64,
     /// Time spent in the modules, µs.
     pub transform_micros: AtomicU64,
+    /// Batches by time spent in the modules: `TRANSFORM_BUCKETS[i]` µs or
+    /// less (not cumulative); the last counts the rest.
+    pub transform_hist: [AtomicU64; TRANSFORM_BUCKETS.len() + 1],
+    /// Module failures by kind (`TransformError::kind`).
+    pub failures_by_kind: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
+    /// Bytes the sink wrote (for sinks that count them).
+    pub bytes_written: AtomicU64,
+    /// The last failure (a module's, or the sink's), with when it happened
+    /// (µs since the Unix epoch).
+    pub last_error: std::sync::Mutex<Option<(String, i64)>>,
+}
+
+/// Upper bounds of the transform-time histogram, µs.
+pub const TRANSFORM_BUCKETS: [u64; 10] = [
+    50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 50_000, 250_000,
+];
+
+impl PipelineStats {
+    fn observe_transform(&self, micros: u64) {
+        self.transform_micros.fetch_add(micros, Ordering::Relaxed);
+        let bucket = TRANSFORM_BUCKETS
+            .iter()
+            .position(|b| micros <= *b)
+            .unwrap_or(TRANSFORM_BUCKETS.len());
+        self.transform_hist[bucket].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records a failure as the last error.
+    pub fn record_error(&self, message: String) {
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((message, crate::checkpoint::now_micros()));
+    }
 }
 
 /// What a running pipeline exposes.
@@ -135,6 +179,21 @@ pub struct Handles {
     pub stats: Arc<SourceStats>,
     /// The pipeline's counters.
     pub pipeline: Arc<PipelineStats>,
+    /// The modules in force, for hot swap.
+    pub chain: Arc<ActiveChain>,
+    /// Writes a batch (a replayed dead letter) to the sink, outside the
+    /// stream: no checkpoint moves.
+    pub replay: mpsc::Sender<Replay>,
+}
+
+/// A batch to write to the sink outside the stream, and where to say how
+/// it went.
+#[derive(Debug)]
+pub struct Replay {
+    /// The batch, transformed.
+    pub batch: Transformed,
+    /// The sink's answer (one attempt).
+    pub done: tokio::sync::oneshot::Sender<Result<(), SinkError>>,
 }
 
 /// What the transform stage hands the sink stage.
@@ -161,11 +220,29 @@ pub async fn run<S: Sink>(
         offset = Offset::default();
         store.reset_offset(&name, offset)?;
     }
-    tracing::info!(pipeline = %name, resume_after = %offset.end_lsn, modules = config.modules.len(), "pipeline starting");
+    let chain = match &config.chain {
+        Some(chain) => chain.clone(),
+        None => ActiveChain::new(
+            config
+                .modules
+                .iter()
+                .map(|m| Slot {
+                    name: m.name().to_owned(),
+                    key: String::new(),
+                    module: m.clone(),
+                    version: 0,
+                    config: String::new(),
+                    limits: m.limits(),
+                })
+                .collect(),
+            offset.end_lsn,
+        ),
+    };
+    tracing::info!(pipeline = %name, resume_after = %offset.end_lsn, modules = chain.info().len(), "pipeline starting");
 
     let feedback = Feedback::new(offset);
-    let stats = Arc::new(SourceStats::default());
-    let counters = Arc::new(PipelineStats::default());
+    let stats = config.source_stats.clone();
+    let counters = config.stats.clone();
     let (stop_source, source_stopped) = watch::channel(false);
     let (stop_commits, commits_stopped) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
@@ -189,12 +266,22 @@ pub async fn run<S: Sink>(
         stats.clone(),
         stopped(source_stopped),
     ));
-    let transformer = spawn_transforms(&name, &config.modules, source_rx, staged_tx, &counters);
+    let transformer = spawn_transforms(
+        &name,
+        &chain,
+        offset.end_lsn,
+        source_rx,
+        staged_tx,
+        &counters,
+    );
+    let (replay_tx, mut replay_rx) = mpsc::channel::<Replay>(1);
     if let Some(started) = started {
         let _ = started.send(Handles {
             feedback: feedback.clone(),
             stats: stats.clone(),
             pipeline: counters.clone(),
+            chain: chain.clone(),
+            replay: replay_tx,
         });
     }
 
@@ -220,6 +307,14 @@ pub async fn run<S: Sink>(
                 tracing::warn!(pipeline = %name, "batches still in flight at the drain timeout are left for the next start");
                 break Ok(());
             }
+            Some(replay) = replay_rx.recv() => {
+                let result = sink.write(&replay.batch).await;
+                if result.is_ok() {
+                    counters.bytes_written.store(sink.bytes_written(), Ordering::Relaxed);
+                }
+                let _ = replay.done.send(result);
+                continue;
+            }
             staged = staged_rx.recv() => staged,
         };
         let Some(staged) = staged else {
@@ -239,8 +334,22 @@ pub async fn run<S: Sink>(
             Staged::Ready(transformed) => transformed,
             Staged::Failed(batch, error) => {
                 counters.module_failures.fetch_add(1, Ordering::Relaxed);
-                match handle_failure(&config, &store, &counters, &batch, Failure::Module(error))
-                    .await
+                *counters
+                    .failures_by_kind
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry(error.error.kind())
+                    .or_default() += 1;
+                counters.record_error(error.to_string());
+                match handle_failure(
+                    &config,
+                    &store,
+                    &counters,
+                    &chain,
+                    &batch,
+                    Failure::Module(error),
+                )
+                .await
                 {
                     Ok(()) => {
                         feedback.ack(&batch.txn);
@@ -275,6 +384,9 @@ pub async fn run<S: Sink>(
             Ok(()) => {
                 counters.batches_written.fetch_add(1, Ordering::Relaxed);
                 counters
+                    .bytes_written
+                    .store(sink.bytes_written(), Ordering::Relaxed);
+                counters
                     .changes_written
                     .fetch_add(transformed.len() as u64, Ordering::Relaxed);
                 feedback.ack(transformed.txn());
@@ -284,7 +396,17 @@ pub async fn run<S: Sink>(
                 // A definite refusal follows `on_error`, like a module
                 // failure.
                 let source = &transformed.source;
-                match handle_failure(&config, &store, &counters, source, Failure::Sink(err)).await {
+                counters.record_error(format!("sink: {err}"));
+                match handle_failure(
+                    &config,
+                    &store,
+                    &counters,
+                    &chain,
+                    source,
+                    Failure::Sink(err),
+                )
+                .await
+                {
                     Ok(()) => feedback.ack(transformed.txn()),
                     Err(err) => break Err(err),
                 }
@@ -317,31 +439,62 @@ fn jitter(delay: Duration) -> Duration {
     delay.mul_f64(factor)
 }
 
-/// The transform stage: a thread that runs the chain on each batch.
+/// The transform stage: a thread that runs the chain on each batch, and
+/// adopts a newly published module version between transactions.
 fn spawn_transforms(
     name: &str,
-    modules: &[Module],
+    active: &Arc<ActiveChain>,
+    resume_after: source::Lsn,
     mut input: mpsc::Receiver<Batch>,
     output: mpsc::Sender<Staged>,
     counters: &Arc<PipelineStats>,
 ) -> std::thread::JoinHandle<()> {
-    let mut chain = Chain::new(modules);
-    let empty = modules.is_empty();
+    let active = active.clone();
     let counters = counters.clone();
+    let runtime = tokio::runtime::Handle::current();
     let span = tracing::info_span!("transforms", pipeline = %name);
     std::thread::Builder::new()
         .name(format!("datum-transform-{name}"))
         .spawn(move || {
             let _entered = span.enter();
-            while let Some(batch) = input.blocking_recv() {
+            let (mut chain, mut empty) = active.attach(resume_after);
+            // The end LSN of the last whole transaction transformed, and
+            // whether we are between transactions (not between chunks).
+            let mut boundary = resume_after;
+            let mut between = true;
+            loop {
+                let next = runtime.block_on(async {
+                    tokio::select! {
+                        biased;
+                        () = active.woken(), if between => None,
+                        batch = input.recv() => Some(batch),
+                    }
+                });
+                let batch = match next {
+                    None => {
+                        if active.pending() {
+                            chain = active.adopt(boundary);
+                            empty = chain.modules().next().is_none();
+                        }
+                        continue;
+                    }
+                    Some(None) => break,
+                    Some(Some(batch)) => batch,
+                };
+                if between && active.pending() {
+                    chain = active.adopt(boundary);
+                    empty = chain.modules().next().is_none();
+                }
+                between = batch.txn.last;
+                if batch.txn.last {
+                    boundary = source::Lsn(batch.txn.end_lsn);
+                }
                 let staged = if empty {
                     Staged::Ready(Transformed::untouched(batch))
                 } else {
                     let started = Instant::now();
                     let result = chain.run_ref(&batch);
-                    counters
-                        .transform_micros
-                        .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+                    counters.observe_transform(started.elapsed().as_micros() as u64);
                     match result {
                         Ok(items) => Staged::Ready(Transformed {
                             source: batch,
@@ -354,6 +507,7 @@ fn spawn_transforms(
                     break;
                 }
             }
+            active.detach(boundary);
         })
         .expect("spawning the transform thread")
 }
@@ -381,6 +535,7 @@ async fn handle_failure(
     config: &PipelineConfig,
     store: &Arc<Store>,
     counters: &PipelineStats,
+    chain: &ActiveChain,
     batch: &Batch,
     error: Failure,
 ) -> Result<(), PipelineError> {
@@ -415,10 +570,19 @@ async fn handle_failure(
                         detail: format!("encoding a dead letter: {e}"),
                     })
                 })?;
-            let message_for_log = error.to_string();
-            let (store, pipeline, message) = (store.clone(), name.clone(), error.to_string());
+            // The failing module's version (0 for a sink refusal).
+            let version = match &error {
+                Failure::Module(e) => chain
+                    .info()
+                    .iter()
+                    .find(|s| s.name == e.module)
+                    .map_or(0, |s| s.version),
+                Failure::Sink(_) => 0,
+            };
+            let message = error.to_string();
+            let (store, pipeline, stored) = (store.clone(), name.clone(), message.clone());
             let id = tokio::task::spawn_blocking(move || {
-                store.add_dead_letter(&pipeline, &bytes, &message, 0)
+                store.add_dead_letter(&pipeline, &bytes, &stored, version)
             })
             .await
             .map_err(|e| {
@@ -427,7 +591,7 @@ async fn handle_failure(
                 )))
             })??;
             counters.dead_letters.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(pipeline = %name, xid = batch.txn.xid, commit_lsn = %commit_lsn, dead_letter = id, error = %message_for_log, "{what}; batch stored as a dead letter (on_error = \"dead_letter\")");
+            tracing::warn!(pipeline = %name, xid = batch.txn.xid, commit_lsn = %commit_lsn, dead_letter = id, module_version = version, error = %message, "{what}; batch stored as a dead letter (on_error = \"dead_letter\")");
             Ok(())
         }
     }

@@ -21,6 +21,7 @@ use crate::transform::Transformed;
 pub struct FileSink {
     state: Arc<Mutex<State>>,
     buffer: Vec<u8>,
+    written: u64,
 }
 
 #[derive(Debug)]
@@ -69,6 +70,7 @@ impl FileSink {
                 rotate_at,
             })),
             buffer: Vec::new(),
+            written: 0,
         })
     }
 }
@@ -162,8 +164,15 @@ impl Sink for FileSink {
         })
         .await
         .map_err(|e| SinkError::transient(format!("file writer task: {e}")))?;
+        if result.is_ok() {
+            self.written += bytes.len() as u64;
+        }
         self.buffer = bytes;
         result
+    }
+
+    fn bytes_written(&self) -> u64 {
+        self.written
     }
 }
 

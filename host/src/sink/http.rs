@@ -53,6 +53,7 @@ pub struct HttpSink {
     timeout: Duration,
     key_prefix: String,
     body: Vec<u8>,
+    written: u64,
 }
 
 impl fmt::Debug for HttpSink {
@@ -132,6 +133,7 @@ impl HttpSink {
             timeout,
             key_prefix: String::new(),
             body: Vec::new(),
+            written: 0,
         })
     }
 
@@ -228,6 +230,7 @@ impl Sink for HttpSink {
         let status = response.status();
         tracing::debug!(url = %self.shown_url, idempotency_key = %key, status = status.as_u16(), "http sink: response");
         if status.is_success() {
+            self.written += self.body.len() as u64;
             return Ok(());
         }
         let location = response

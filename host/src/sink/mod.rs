@@ -52,4 +52,19 @@ pub trait Sink: Send {
     /// Batches arrive in commit order; after a crash the un-checkpointed tail
     /// arrives again, so a sink should be idempotent or tolerate replays.
     fn write(&mut self, batch: &Transformed) -> impl Future<Output = Result<(), SinkError>> + Send;
+
+    /// Bytes written so far, for sinks that count them (0 otherwise).
+    fn bytes_written(&self) -> u64 {
+        0
+    }
+}
+
+impl<S: Sink> Sink for &mut S {
+    fn write(&mut self, batch: &Transformed) -> impl Future<Output = Result<(), SinkError>> + Send {
+        (**self).write(batch)
+    }
+
+    fn bytes_written(&self) -> u64 {
+        (**self).bytes_written()
+    }
 }

@@ -14,6 +14,7 @@ use crate::transform::Transformed;
 pub struct StdoutSink {
     buffer: Vec<u8>,
     pretty: Option<Style>,
+    written: u64,
 }
 
 impl StdoutSink {
@@ -32,6 +33,7 @@ impl StdoutSink {
         StdoutSink {
             buffer: Vec::new(),
             pretty: Some(Style { color }),
+            written: 0,
         }
     }
 }
@@ -50,6 +52,12 @@ impl Sink for StdoutSink {
         let mut out = std::io::stdout().lock();
         out.write_all(&self.buffer)
             .and_then(|()| out.flush())
-            .map_err(|e| SinkError::definite(format!("writing to standard output: {e}")))
+            .map_err(|e| SinkError::definite(format!("writing to standard output: {e}")))?;
+        self.written += self.buffer.len() as u64;
+        Ok(())
+    }
+
+    fn bytes_written(&self) -> u64 {
+        self.written
     }
 }

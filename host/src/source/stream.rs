@@ -51,6 +51,8 @@ pub struct SourceStats {
     pub bytes: AtomicU64,
     /// Status updates sent.
     pub status_updates: AtomicU64,
+    /// The flush position the last status update reported to PostgreSQL.
+    pub confirmed_lsn: AtomicU64,
     /// The walsender's process id in the current session.
     pub walsender_pid: AtomicU64,
 }
@@ -248,7 +250,9 @@ impl Session<'_> {
         let flushed = self.feedback.flushed();
         self.stats.status_updates.fetch_add(1, Ordering::Relaxed);
         conn.send_status(self.received.max(flushed), flushed, flushed, reply)
-            .await
+            .await?;
+        self.stats.confirmed_lsn.store(flushed.0, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Sends a batch downstream, answering the server on schedule while the

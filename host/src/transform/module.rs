@@ -70,7 +70,8 @@ pub struct CallStats {
     pub fuel: Option<u64>,
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
+/// Lowercase hex SHA-256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;
     let digest = sha2::Sha256::digest(bytes);
     digest.iter().map(|b| format!("{b:02x}")).collect()
@@ -290,6 +291,15 @@ impl Instance {
     /// next call creates one).
     pub fn is_live(&self) -> bool {
         self.live.is_some()
+    }
+
+    /// Creates the live instance now, running `datum_init`, so that a
+    /// configuration the module rejects shows before the first batch.
+    pub fn warm(&mut self) -> Result<(), TransformError> {
+        if self.live.is_none() {
+            self.live = Some(self.instantiate()?);
+        }
+        Ok(())
     }
 
     /// Transforms one encoded batch; returns the encoded result envelope.

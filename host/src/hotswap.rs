@@ -1,0 +1,501 @@
+//! Hot swap (DESIGN.md §5): the module versions a pipeline runs, which one
+//! is active, and replacing one while the stream runs.
+//!
+//! Owns the pipeline's [`ActiveChain`] — the modules in force, shared
+//! between the admin API (which publishes a new version) and the transform
+//! thread (which adopts it between transactions, so every batch is read by
+//! exactly one version and a transaction's chunks never straddle two) —
+//! and the rules that tie it to the registry in the state file:
+//!
+//! * at start, each transform's module comes from the registry's active
+//!   version, unless the configuration file names a module or configuration
+//!   other than the one it last deployed: then the file wins, as a new
+//!   version (a deploy through the file is a deploy too);
+//! * a swap compiles and checks the module off the hot path, instantiates it
+//!   once (so `datum_init` vets the configuration), runs the golden
+//!   fixtures sent with it, stores it as a new version, publishes it, and
+//!   records the activation with the LSN after which it took effect;
+//! * a rollback re-activates a stored version the same way.
+//!
+//! It does not own HTTP (the admin module) or the registry's storage
+//! (`checkpoint`).
+
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{Notify, oneshot};
+
+use crate::checkpoint::{Activation, CheckpointError, ModuleVersion, Store};
+use crate::source::Lsn;
+use crate::transform::{Chain, Engine, Limits, Module, TransformError};
+
+/// Versions kept per module for rollback (the active one is always kept).
+pub const KEEP_VERSIONS: usize = 10;
+
+/// One transform of a pipeline, as it runs now.
+#[derive(Debug, Clone)]
+pub struct Slot {
+    /// The transform's name (unique within the pipeline).
+    pub name: String,
+    /// The registry key, `PIPELINE/NAME`.
+    pub key: String,
+    /// The module, compiled, with its configuration.
+    pub module: Module,
+    /// Its version in the registry.
+    pub version: u64,
+    /// Its configuration as TOML text.
+    pub config: String,
+    /// The limits from the configuration file (a new version keeps them).
+    pub limits: Limits,
+}
+
+/// What a transform runs, for status pages.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SlotInfo {
+    /// The transform's name.
+    pub name: String,
+    /// The active version.
+    pub version: u64,
+    /// The module's SHA-256.
+    pub sha256: String,
+}
+
+/// The modules in force for one pipeline; see the module documentation.
+#[derive(Debug)]
+pub struct ActiveChain {
+    state: Mutex<ChainState>,
+    wake: Notify,
+}
+
+#[derive(Debug)]
+struct ChainState {
+    slots: Vec<Slot>,
+    /// Bumped by every publication.
+    generation: u64,
+    /// The generation the transform thread runs.
+    applied: u64,
+    /// Whether a transform thread is attached.
+    running: bool,
+    /// The end LSN of the last transaction the applied chain's predecessor
+    /// finished: where the applied chain took over.
+    boundary: Lsn,
+    /// Publications waiting for the transform thread: (generation, reply).
+    waiters: Vec<(u64, oneshot::Sender<Lsn>)>,
+}
+
+impl ActiveChain {
+    /// A chain of `slots`, in force after `boundary` (the checkpoint).
+    pub fn new(slots: Vec<Slot>, boundary: Lsn) -> Arc<ActiveChain> {
+        Arc::new(ActiveChain {
+            state: Mutex::new(ChainState {
+                slots,
+                generation: 0,
+                applied: 0,
+                running: false,
+                boundary,
+                waiters: Vec::new(),
+            }),
+            wake: Notify::new(),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ChainState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The transforms, in order.
+    pub fn slots(&self) -> Vec<Slot> {
+        self.lock().slots.clone()
+    }
+
+    /// What each transform runs.
+    pub fn info(&self) -> Vec<SlotInfo> {
+        self.lock()
+            .slots
+            .iter()
+            .map(|s| SlotInfo {
+                name: s.name.clone(),
+                version: s.version,
+                sha256: s.module.sha256().to_owned(),
+            })
+            .collect()
+    }
+
+    /// The modules in force, in order.
+    pub fn modules(&self) -> Vec<Module> {
+        self.lock().slots.iter().map(|s| s.module.clone()).collect()
+    }
+
+    /// Replaces the transform named `slot.name`; resolves, once the
+    /// transform thread has adopted it at a transaction boundary (at once
+    /// when no thread runs: paused or stopped), to the LSN after which it
+    /// is in force. `None` if no transform has that name.
+    pub async fn publish(&self, slot: Slot) -> Option<Lsn> {
+        let reply = {
+            let mut state = self.lock();
+            let index = state.slots.iter().position(|s| s.name == slot.name)?;
+            state.slots[index] = slot;
+            state.generation += 1;
+            if !state.running {
+                state.applied = state.generation;
+                return Some(state.boundary);
+            }
+            let (tx, rx) = oneshot::channel();
+            let generation = state.generation;
+            state.waiters.push((generation, tx));
+            rx
+        };
+        self.wake.notify_one();
+        match reply.await {
+            Ok(lsn) => Some(lsn),
+            // The thread went away before adopting it: the next one starts
+            // with it, after the checkpoint.
+            Err(_) => Some(self.lock().boundary),
+        }
+    }
+
+    /// For the transform thread: attach, and get the chain to run after
+    /// `boundary` (the checkpoint it resumes from).
+    pub(crate) fn attach(&self, boundary: Lsn) -> (Chain, bool) {
+        let mut state = self.lock();
+        state.running = true;
+        state.applied = state.generation;
+        state.boundary = boundary;
+        let modules: Vec<Module> = state.slots.iter().map(|s| s.module.clone()).collect();
+        let empty = modules.is_empty();
+        let generation = state.applied;
+        answer(&mut state.waiters, generation, boundary);
+        (Chain::new(&modules), empty)
+    }
+
+    /// For the transform thread: whether a publication awaits adoption.
+    pub(crate) fn pending(&self) -> bool {
+        let state = self.lock();
+        state.generation != state.applied
+    }
+
+    /// For the transform thread, between transactions: adopt what was
+    /// published, in force after `boundary`.
+    pub(crate) fn adopt(&self, boundary: Lsn) -> Chain {
+        let mut state = self.lock();
+        state.applied = state.generation;
+        state.boundary = boundary;
+        let modules: Vec<Module> = state.slots.iter().map(|s| s.module.clone()).collect();
+        let generation = state.applied;
+        answer(&mut state.waiters, generation, boundary);
+        tracing::info!(after = %boundary, "new module version in force");
+        Chain::new(&modules)
+    }
+
+    /// For the transform thread, on its way out, after `boundary`.
+    pub(crate) fn detach(&self, boundary: Lsn) {
+        let mut state = self.lock();
+        state.running = false;
+        state.boundary = boundary;
+        state.applied = state.generation;
+        let generation = state.applied;
+        answer(&mut state.waiters, generation, boundary);
+    }
+
+    /// Completes when a publication may await adoption.
+    pub(crate) async fn woken(&self) {
+        self.wake.notified().await;
+    }
+}
+
+fn answer(waiters: &mut Vec<(u64, oneshot::Sender<Lsn>)>, applied: u64, lsn: Lsn) {
+    let mut i = 0;
+    while i < waiters.len() {
+        if waiters[i].0 <= applied {
+            let (_, tx) = waiters.swap_remove(i);
+            let _ = tx.send(lsn);
+        } else {
+            i += 1;
+        }
+    }
+}
+
+/// A transform as the configuration file gives it.
+#[derive(Debug, Clone)]
+pub struct Configured {
+    /// Its name in the pipeline.
+    pub name: String,
+    /// The module's bytes.
+    pub wasm: Vec<u8>,
+    /// Its configuration, as TOML text.
+    pub config: String,
+    /// Its limits.
+    pub limits: Limits,
+}
+
+/// Why a version could not be made or activated.
+#[derive(Debug, thiserror::Error)]
+pub enum SwapError {
+    /// Not a usable module: not wasm, the wrong ABI, too large, or its
+    /// `datum_init` refused the configuration.
+    #[error("{0}")]
+    Module(#[from] TransformError),
+    /// The configuration is not TOML.
+    #[error("the module configuration is not valid TOML: {0}")]
+    Config(String),
+    /// The golden fixtures sent with it failed.
+    #[error("{failed} of {total} golden fixtures failed:\n{report}")]
+    Fixtures {
+        /// Cases that failed.
+        failed: usize,
+        /// Cases run.
+        total: usize,
+        /// The runner's report (diffs).
+        report: String,
+    },
+    /// No such transform, or no such version.
+    #[error("{0}")]
+    NotFound(String),
+    /// The state file.
+    #[error(transparent)]
+    State(#[from] CheckpointError),
+    /// A task the swap ran on died.
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// Compiles `wasm` with `config` (TOML text) as transform `name`, and
+/// instantiates it once so `datum_init` vets the configuration.
+pub fn compile(
+    engine: &Engine,
+    name: &str,
+    wasm: &[u8],
+    config: &str,
+    limits: Limits,
+) -> Result<Module, SwapError> {
+    crate::transform::check_binary(wasm)?;
+    let table: toml::Table = config
+        .parse()
+        .map_err(|e: toml::de::Error| SwapError::Config(e.to_string()))?;
+    let module = Module::new(
+        engine,
+        name,
+        wasm,
+        limits,
+        crate::transform::encode_config(&table),
+    )?;
+    module.instance().warm()?;
+    Ok(module)
+}
+
+/// The registry key of transform `name` of `pipeline`.
+pub fn key(pipeline: &str, name: &str) -> String {
+    format!("{pipeline}/{name}")
+}
+
+/// Decides what each configured transform runs at start (see the module
+/// documentation) and returns the slots, activating a new version where
+/// the configuration file changed.
+pub fn resolve(
+    engine: &Engine,
+    store: &Store,
+    pipeline: &str,
+    configured: &[Configured],
+    checkpoint: Lsn,
+) -> Result<Vec<Slot>, SwapError> {
+    let mut slots = Vec::new();
+    for c in configured {
+        let key = key(pipeline, &c.name);
+        let versions = store.module_versions(&key)?;
+        let sha = crate::transform::module::sha256_hex(&c.wasm);
+        let from_file = versions.iter().rev().find(|v| v.origin == "config");
+        let file_unchanged = from_file.is_some_and(|v| v.sha256 == sha && v.config == c.config);
+        let active = store.active_module_version(&key)?;
+        let chosen: Option<&ModuleVersion> = match active {
+            Some(active) if file_unchanged => versions.iter().find(|v| v.version == active),
+            _ => None,
+        };
+        let slot = match chosen {
+            Some(v) => Slot {
+                name: c.name.clone(),
+                key: key.clone(),
+                module: compile(engine, &c.name, &v.wasm, &v.config, c.limits)?,
+                version: v.version,
+                config: v.config.clone(),
+                limits: c.limits,
+            },
+            None => {
+                let module = compile(engine, &c.name, &c.wasm, &c.config, c.limits)?;
+                let stored = store.add_module_version(
+                    &key,
+                    &c.wasm,
+                    &c.config,
+                    "config",
+                    0,
+                    KEEP_VERSIONS,
+                )?;
+                store.activate_module_version(&key, stored.version, checkpoint)?;
+                if active.is_some() {
+                    tracing::info!(module = %key, version = stored.version, "the configuration file names another module or configuration: it is the new version");
+                }
+                Slot {
+                    name: c.name.clone(),
+                    key: key.clone(),
+                    module,
+                    version: stored.version,
+                    config: c.config.clone(),
+                    limits: c.limits,
+                }
+            }
+        };
+        slots.push(slot);
+    }
+    Ok(slots)
+}
+
+/// What a swap or rollback did.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Swapped {
+    /// The transform.
+    pub module: String,
+    /// The version now active.
+    pub version: u64,
+    /// Its SHA-256.
+    pub sha256: String,
+    /// Every transaction ending after this LSN goes through it.
+    pub effective_after: String,
+    /// Golden cases it passed first.
+    pub fixtures: u64,
+}
+
+/// Stores `module` (already compiled and vetted) as a new version of the
+/// transform and activates it.
+pub async fn swap(
+    store: &Arc<Store>,
+    chain: &ActiveChain,
+    pipeline: &str,
+    name: &str,
+    wasm: Vec<u8>,
+    config: String,
+    module: Module,
+    fixtures: u64,
+) -> Result<Swapped, SwapError> {
+    let slot = chain
+        .slots()
+        .into_iter()
+        .find(|s| s.name == name)
+        .ok_or_else(|| no_transform(pipeline, name))?;
+    let key = slot.key.clone();
+    let stored = {
+        let (store, key, config) = (store.clone(), key.clone(), config.clone());
+        tokio::task::spawn_blocking(move || {
+            store.add_module_version(&key, &wasm, &config, "upload", fixtures, KEEP_VERSIONS)
+        })
+        .await
+        .map_err(|e| SwapError::Internal(format!("storing the module: {e}")))??
+    };
+    activate(
+        store,
+        chain,
+        pipeline,
+        slot,
+        module,
+        stored.version,
+        config,
+        fixtures,
+    )
+    .await
+}
+
+/// Re-activates a stored version (`None`: the one active before the
+/// current).
+pub async fn rollback(
+    engine: &Engine,
+    store: &Arc<Store>,
+    chain: &ActiveChain,
+    pipeline: &str,
+    name: &str,
+    to: Option<u64>,
+) -> Result<Swapped, SwapError> {
+    let slot = chain
+        .slots()
+        .into_iter()
+        .find(|s| s.name == name)
+        .ok_or_else(|| no_transform(pipeline, name))?;
+    let versions = store.module_versions(&slot.key)?;
+    let target = match to {
+        Some(v) => v,
+        None => previous_version(&store.module_activations(&slot.key)?, slot.version).ok_or_else(
+            || {
+                SwapError::NotFound(format!(
+                    "transform `{name}` has no earlier version to roll back to"
+                ))
+            },
+        )?,
+    };
+    let version = versions
+        .iter()
+        .find(|v| v.version == target)
+        .ok_or_else(|| {
+            let kept: Vec<String> = versions.iter().map(|v| v.version.to_string()).collect();
+            SwapError::NotFound(format!(
+                "transform `{name}` has no stored version {target} (stored: {})",
+                kept.join(", ")
+            ))
+        })?;
+    let module = compile(engine, name, &version.wasm, &version.config, slot.limits)?;
+    let config = version.config.clone();
+    let fixtures = version.fixtures;
+    activate(
+        store, chain, pipeline, slot, module, target, config, fixtures,
+    )
+    .await
+}
+
+/// The version active before `current`: the latest activation of another
+/// version.
+fn previous_version(activations: &[Activation], current: u64) -> Option<u64> {
+    activations
+        .iter()
+        .rev()
+        .map(|a| a.version)
+        .find(|v| *v != current)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn activate(
+    store: &Arc<Store>,
+    chain: &ActiveChain,
+    pipeline: &str,
+    slot: Slot,
+    module: Module,
+    version: u64,
+    config: String,
+    fixtures: u64,
+) -> Result<Swapped, SwapError> {
+    let sha256 = module.sha256().to_owned();
+    let key = slot.key.clone();
+    let name = slot.name.clone();
+    let lsn = chain
+        .publish(Slot {
+            module,
+            version,
+            config,
+            ..slot
+        })
+        .await
+        .ok_or_else(|| no_transform(pipeline, &name))?;
+    let store = store.clone();
+    let record_key = key.clone();
+    tokio::task::spawn_blocking(move || store.activate_module_version(&record_key, version, lsn))
+        .await
+        .map_err(|e| SwapError::Internal(format!("recording the activation: {e}")))??;
+    tracing::info!(pipeline, module = %name, version, sha256 = %sha256, after = %lsn, "module version activated");
+    Ok(Swapped {
+        module: name,
+        version,
+        sha256,
+        effective_after: lsn.to_string(),
+        fixtures,
+    })
+}
+
+fn no_transform(pipeline: &str, name: &str) -> SwapError {
+    SwapError::NotFound(format!(
+        "pipeline `{pipeline}` has no transform named `{name}`"
+    ))
+}
