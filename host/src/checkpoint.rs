@@ -427,6 +427,48 @@ impl Store {
     }
 }
 
+/// A table's snapshot progress.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotProgress {
+    /// `schema.table`.
+    pub table: String,
+    /// 0 pending, 1 copying, 2 done.
+    pub state: u8,
+    /// Rows copied so far.
+    pub rows: u64,
+    /// When it last moved, µs since the Unix epoch.
+    pub updated_at: i64,
+}
+
+impl Store {
+    /// The snapshot progress of each table of `pipeline`.
+    pub fn snapshot_progress(
+        &self,
+        pipeline: &str,
+    ) -> Result<Vec<SnapshotProgress>, CheckpointError> {
+        let txn = self.db.begin_read().map_err(|e| self.storage(e))?;
+        let table = txn
+            .open_table(SNAPSHOT_PROGRESS)
+            .map_err(|e| self.storage(e))?;
+        let mut progress = Vec::new();
+        for entry in table.iter().map_err(|e| self.storage(e))? {
+            let (key, value) = entry.map_err(|e| self.storage(e))?;
+            let (name, table_name) = key.value();
+            if name != pipeline {
+                continue;
+            }
+            let (state, _, rows, updated_at) = value.value();
+            progress.push(SnapshotProgress {
+                table: table_name.to_owned(),
+                state,
+                rows,
+                updated_at,
+            });
+        }
+        Ok(progress)
+    }
+}
+
 /// A stored version of a module.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModuleVersion {

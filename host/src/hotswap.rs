@@ -362,18 +362,33 @@ pub struct Swapped {
     pub fixtures: u64,
 }
 
-/// Stores `module` (already compiled and vetted) as a new version of the
-/// transform and activates it.
+/// A new version, compiled and vetted, not stored yet.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    /// The module's bytes.
+    pub wasm: Vec<u8>,
+    /// Its configuration, TOML text.
+    pub config: String,
+    /// Compiled (by [`compile`]).
+    pub module: Module,
+    /// Golden cases it passed.
+    pub fixtures: u64,
+}
+
+/// Stores `candidate` as a new version of transform `name` and activates it.
 pub async fn swap(
     store: &Arc<Store>,
     chain: &ActiveChain,
     pipeline: &str,
     name: &str,
-    wasm: Vec<u8>,
-    config: String,
-    module: Module,
-    fixtures: u64,
+    candidate: Candidate,
 ) -> Result<Swapped, SwapError> {
+    let Candidate {
+        wasm,
+        config,
+        module,
+        fixtures,
+    } = candidate;
     let slot = chain
         .slots()
         .into_iter()

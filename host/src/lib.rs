@@ -4,6 +4,8 @@
 //! it in-process. See `DESIGN.md` for the architecture and the delivery
 //! contract.
 
+pub mod admin;
+pub mod admin_client;
 pub mod batch;
 pub mod checkpoint;
 pub mod config;

@@ -188,6 +188,37 @@ fn main() -> ExitCode {
                 Err(err) => fail(err),
             }
         }
+        cli::Command::Admin {
+            config,
+            url,
+            token,
+            json,
+            command,
+        } => {
+            let request = match command.into_request() {
+                Ok(request) => request,
+                Err(err) => return fail(err),
+            };
+            let args = datum::admin_client::Args {
+                connection: datum::admin_client::Connection { config, url, token },
+                json,
+                request,
+            };
+            match runtime().map(|rt| rt.block_on(datum::admin_client::run(&args))) {
+                Ok(Ok(output)) => {
+                    print!("{output}");
+                    ExitCode::SUCCESS
+                }
+                Ok(Err(err)) => {
+                    if let Some(body) = err.json() {
+                        print!("{body}");
+                    }
+                    eprintln!("error: {err}");
+                    ExitCode::from(err.exit_code())
+                }
+                Err(err) => fail(err),
+            }
+        }
     }
 }
 

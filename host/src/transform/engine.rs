@@ -44,7 +44,14 @@ pub struct Engine {
     pub(crate) inner: wasmtime::Engine,
     pub(crate) options: EngineOptions,
     _ticker: Arc<Ticker>,
+    /// The last few compiled modules, by SHA-256 of their bytes: a hot swap
+    /// that only changes the configuration, or a rollback, does not compile
+    /// again.
+    compiled: Arc<std::sync::Mutex<Vec<(String, wasmtime::Module)>>>,
 }
+
+/// Compiled modules an engine keeps for reuse.
+const COMPILED_KEPT: usize = 8;
 
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -106,7 +113,29 @@ impl Engine {
             inner,
             options,
             _ticker: Arc::new(Ticker { stop }),
+            compiled: Arc::default(),
         })
+    }
+
+    /// The compiled form of the module whose bytes hash to `sha256`, if
+    /// this engine compiled it recently.
+    pub(crate) fn compiled(&self, sha256: &str) -> Option<wasmtime::Module> {
+        let mut kept = self.compiled.lock().unwrap_or_else(|p| p.into_inner());
+        let at = kept.iter().position(|(sha, _)| sha == sha256)?;
+        let entry = kept.remove(at);
+        let module = entry.1.clone();
+        kept.push(entry);
+        Some(module)
+    }
+
+    /// Keeps a compiled module for [`Engine::compiled`].
+    pub(crate) fn keep_compiled(&self, sha256: &str, module: &wasmtime::Module) {
+        let mut kept = self.compiled.lock().unwrap_or_else(|p| p.into_inner());
+        kept.retain(|(sha, _)| sha != sha256);
+        kept.push((sha256.to_owned(), module.clone()));
+        if kept.len() > COMPILED_KEPT {
+            kept.remove(0);
+        }
     }
 
     /// Whether this engine meters fuel.

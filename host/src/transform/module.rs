@@ -101,8 +101,16 @@ impl Module {
                 limit: limits.max_module,
             });
         }
-        let module = wasmtime::Module::new(&engine.inner, wasm)
-            .map_err(|e| TransformError::Invalid(format!("{e:#}")))?;
+        let sha256 = sha256_hex(wasm);
+        let module = match engine.compiled(&sha256) {
+            Some(module) => module,
+            None => {
+                let module = wasmtime::Module::new(&engine.inner, wasm)
+                    .map_err(|e| TransformError::Invalid(format!("{e:#}")))?;
+                engine.keep_compiled(&sha256, &module);
+                module
+            }
+        };
         let exports = check_exports(&module)?;
 
         let mut linker: Linker<Ctx> = Linker::new(&engine.inner);
@@ -120,7 +128,7 @@ impl Module {
                 pre,
                 limits,
                 config,
-                sha256: sha256_hex(wasm),
+                sha256,
                 has_init: exports.init,
                 has_panic_message: exports.panic_message,
                 has_initialize: exports.initialize,

@@ -2,6 +2,7 @@
 //! that needs PostgreSQL starts its own throwaway cluster (see
 //! `docs/testing.md` for why one per test rather than a shared one).
 
+mod admin;
 mod checkpoint;
 mod demo;
 mod golden;

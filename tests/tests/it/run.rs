@@ -10,7 +10,7 @@ use datum::source::Lsn;
 use datum_tests::{cluster, connect, datum_bin, example_wasm_path, workspace_root};
 use serde_json::Value as Json;
 
-fn temp_dir(name: &str) -> PathBuf {
+pub(crate) fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("datum-run-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("temp dir");
@@ -18,13 +18,13 @@ fn temp_dir(name: &str) -> PathBuf {
 }
 
 /// A `datum run` process.
-struct Host {
+pub(crate) struct Host {
     child: Child,
     stderr: PathBuf,
 }
 
 impl Host {
-    fn start(dir: &Path, config: &str) -> Host {
+    pub(crate) fn start(dir: &Path, config: &str) -> Host {
         Host::spawn(dir, config, Stdio::null())
     }
 
@@ -51,12 +51,12 @@ impl Host {
         Host { child, stderr }
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.stderr).unwrap_or_default()
     }
 
     /// SIGTERM, then the exit status (within `secs`).
-    fn stop(mut self, secs: u64) -> (ExitStatus, String) {
+    pub(crate) fn stop(mut self, secs: u64) -> (ExitStatus, String) {
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
         let deadline = Instant::now() + Duration::from_secs(secs);
@@ -80,7 +80,7 @@ impl Drop for Host {
     }
 }
 
-async fn wait_for_slots(client: &tokio_postgres::Client, slots: &[&str], host: &Host) {
+pub(crate) async fn wait_for_slots(client: &tokio_postgres::Client, slots: &[&str], host: &Host) {
     let names: Vec<String> = slots.iter().map(|s| s.to_string()).collect();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -104,7 +104,7 @@ async fn wait_for_slots(client: &tokio_postgres::Client, slots: &[&str], host: &
     }
 }
 
-fn lines(path: &Path) -> Vec<Json> {
+pub(crate) fn lines(path: &Path) -> Vec<Json> {
     std::fs::read_to_string(path)
         .unwrap_or_default()
         .lines()
@@ -130,7 +130,7 @@ fn wait_for_line(path: &Path, host: &Host, done: impl Fn(&Json) -> bool) -> Vec<
     }
 }
 
-fn toml_string(s: &str) -> String {
+pub(crate) fn toml_string(s: &str) -> String {
     serde_json::to_string(s).expect("a string")
 }
 

@@ -1,0 +1,249 @@
+//! `/metrics`: every pipeline's figures in the Prometheus text format
+//! (version 0.0.4), written by hand — a few dozen lines are less than a
+//! dependency. docs/admin.md lists the metrics.
+
+use std::fmt::Write;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+
+use crate::checkpoint::Store;
+use crate::pipeline::TRANSFORM_BUCKETS;
+use crate::run::{PipelineControl, PipelineState};
+
+/// A label value, escaped as the format wants.
+fn label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+struct Family<'a> {
+    out: &'a mut String,
+}
+
+impl Family<'_> {
+    fn header(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.out, "# HELP {name} {help}");
+        let _ = writeln!(self.out, "# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
+        self.out.push_str(name);
+        if !labels.is_empty() {
+            self.out.push('{');
+            for (i, (k, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.out.push(',');
+                }
+                let _ = write!(self.out, "{k}=\"{}\"", label(v));
+            }
+            self.out.push('}');
+        }
+        let _ = writeln!(self.out, " {value}");
+    }
+}
+
+/// The metrics page.
+pub fn render(pipelines: &[Arc<PipelineControl>], store: &Store) -> String {
+    let mut out = String::new();
+    let mut f = Family { out: &mut out };
+
+    type Getter = fn(&PipelineControl, &Store) -> f64;
+    let gauges: [(&str, &str, Getter); 5] = [
+        (
+            "datum_received_lsn",
+            "Furthest WAL position read.",
+            |p, _| p.source_stats.received_lsn.load(Relaxed) as f64,
+        ),
+        (
+            "datum_checkpointed_lsn",
+            "Position in the state file.",
+            |p, s| checkpointed(p, s) as f64,
+        ),
+        (
+            "datum_confirmed_lsn",
+            "Flush position last reported to PostgreSQL.",
+            |p, _| p.source_stats.confirmed_lsn.load(Relaxed) as f64,
+        ),
+        (
+            "datum_lag_bytes",
+            "Received minus checkpointed, bytes.",
+            |p, s| {
+                p.source_stats
+                    .received_lsn
+                    .load(Relaxed)
+                    .saturating_sub(checkpointed(p, s)) as f64
+            },
+        ),
+        (
+            "datum_lag_seconds",
+            "How long changes have been waiting.",
+            |p, _| p.rates().2,
+        ),
+    ];
+    for (name, help, get) in gauges {
+        f.header(name, "gauge", help);
+        for p in pipelines {
+            f.sample(name, &[("pipeline", &p.name)], get(p, store));
+        }
+    }
+
+    f.header(
+        "datum_up",
+        "gauge",
+        "1 while the pipeline streams, with its state.",
+    );
+    for p in pipelines {
+        let state = p.state();
+        f.sample(
+            "datum_up",
+            &[("pipeline", &p.name), ("state", state.as_str())],
+            if state == PipelineState::Running {
+                1.0
+            } else {
+                0.0
+            },
+        );
+    }
+
+    type Counter = fn(&PipelineControl) -> u64;
+    let counters: [(&str, &str, Counter); 10] = [
+        ("datum_batches_in_total", "Batches from the source.", |p| {
+            p.source_stats.batches.load(Relaxed)
+        }),
+        ("datum_changes_in_total", "Changes from the source.", |p| {
+            p.source_stats.changes.load(Relaxed)
+        }),
+        (
+            "datum_bytes_in_total",
+            "pgoutput bytes from the source.",
+            |p| p.source_stats.bytes.load(Relaxed),
+        ),
+        (
+            "datum_batches_out_total",
+            "Batches the sink acknowledged.",
+            |p| p.stats.batches_written.load(Relaxed),
+        ),
+        (
+            "datum_changes_out_total",
+            "Changes the sink acknowledged.",
+            |p| p.stats.changes_written.load(Relaxed),
+        ),
+        (
+            "datum_bytes_out_total",
+            "Bytes the sink wrote (stdout, file and http sinks).",
+            |p| p.stats.bytes_written.load(Relaxed),
+        ),
+        ("datum_sink_retries_total", "Sink writes retried.", |p| {
+            p.stats.sink_retries.load(Relaxed)
+        }),
+        (
+            "datum_dead_letters_total",
+            "Batches stored as dead letters.",
+            |p| p.stats.dead_letters.load(Relaxed),
+        ),
+        (
+            "datum_skipped_total",
+            "Batches skipped under on_error = skip.",
+            |p| p.stats.skipped.load(Relaxed),
+        ),
+        (
+            "datum_reconnects_total",
+            "Source sessions retried after a transient error.",
+            |p| p.source_stats.reconnects.load(Relaxed),
+        ),
+    ];
+    for (name, help, get) in counters {
+        f.header(name, "counter", help);
+        for p in pipelines {
+            f.sample(name, &[("pipeline", &p.name)], get(p) as f64);
+        }
+    }
+
+    f.header(
+        "datum_module_failures_total",
+        "counter",
+        "Batches a module failed on, by kind.",
+    );
+    for p in pipelines {
+        let kinds = p
+            .stats
+            .failures_by_kind
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        for (kind, n) in kinds {
+            f.sample(
+                "datum_module_failures_total",
+                &[("pipeline", &p.name), ("kind", kind)],
+                n as f64,
+            );
+        }
+    }
+
+    f.header(
+        "datum_transform_seconds",
+        "histogram",
+        "Time in the modules per batch.",
+    );
+    for p in pipelines {
+        let mut cumulative = 0u64;
+        for (i, bound) in TRANSFORM_BUCKETS.iter().enumerate() {
+            cumulative += p.stats.transform_hist[i].load(Relaxed);
+            let le = format!("{}", *bound as f64 / 1e6);
+            f.sample(
+                "datum_transform_seconds_bucket",
+                &[("pipeline", &p.name), ("le", &le)],
+                cumulative as f64,
+            );
+        }
+        cumulative += p.stats.transform_hist[TRANSFORM_BUCKETS.len()].load(Relaxed);
+        f.sample(
+            "datum_transform_seconds_bucket",
+            &[("pipeline", &p.name), ("le", "+Inf")],
+            cumulative as f64,
+        );
+        f.sample(
+            "datum_transform_seconds_sum",
+            &[("pipeline", &p.name)],
+            p.stats.transform_micros.load(Relaxed) as f64 / 1e6,
+        );
+        f.sample(
+            "datum_transform_seconds_count",
+            &[("pipeline", &p.name)],
+            cumulative as f64,
+        );
+    }
+
+    f.header(
+        "datum_module_version",
+        "gauge",
+        "The active version of each transform.",
+    );
+    for p in pipelines {
+        for slot in p.chain.info() {
+            f.sample(
+                "datum_module_version",
+                &[
+                    ("pipeline", &p.name),
+                    ("module", &slot.name),
+                    ("sha256", &slot.sha256),
+                ],
+                slot.version as f64,
+            );
+        }
+    }
+    out
+}
+
+fn checkpointed(p: &PipelineControl, store: &Store) -> u64 {
+    match p.handles() {
+        Some(h) => h.feedback.flushed().0,
+        None => store
+            .offset(&p.name)
+            .ok()
+            .flatten()
+            .map_or(0, |o| o.end_lsn.0),
+    }
+}

@@ -1,0 +1,977 @@
+//! The admin API (docs/admin.md): an axum server inside `datum run` for
+//! status, metrics, pause and resume, hot swap and rollback, dead letters.
+//!
+//! Owns HTTP: listening (loopback unless a token is configured), the
+//! bearer token (compared in constant time, never logged), body limits and
+//! a timeout on every request, and one error shape for every failure —
+//! axum's own rejections included. What a request does belongs elsewhere:
+//! [`crate::run::PipelineControl`] pauses and resumes, [`crate::hotswap`]
+//! swaps, the state file stores.
+
+pub mod metrics;
+pub mod openapi;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, FromRequest, Path, RawQuery, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use datum_guest::wire;
+use serde_json::{Value as Json, json};
+use tokio::sync::watch;
+
+use crate::checkpoint::Store;
+use crate::config::AdminSpec;
+use crate::hotswap::{self, SwapError};
+use crate::run::{PipelineControl, PipelineState};
+use crate::source::Lsn;
+use crate::transform::{Chain, Engine};
+
+/// Bodies of requests other than uploads.
+const SMALL_BODY: usize = 1 << 20;
+
+/// What the API manages.
+#[derive(Debug, Clone)]
+pub struct Host {
+    /// Every pipeline, in configuration order.
+    pub pipelines: Vec<Arc<PipelineControl>>,
+    /// The state file.
+    pub store: Arc<Store>,
+    /// The engine modules compile on.
+    pub engine: Engine,
+}
+
+struct App {
+    host: Host,
+    /// SHA-256 of the token: comparing digests takes the same time whatever
+    /// the guess, its length included.
+    token_digest: [u8; 32],
+    timeout: Duration,
+}
+
+/// An API error: status, stable code, message.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+    }
+
+    fn internal(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {"code": self.code, "message": self.message}});
+        let mut response = reply(self.status, &body);
+        if self.status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+impl From<SwapError> for ApiError {
+    fn from(err: SwapError) -> ApiError {
+        match err {
+            SwapError::Module(e) => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_module",
+                e.to_string(),
+            ),
+            SwapError::Config(m) => ApiError::bad_request(m),
+            e @ SwapError::Fixtures { .. } => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "fixtures_failed",
+                e.to_string(),
+            ),
+            SwapError::NotFound(m) => ApiError::not_found(m),
+            SwapError::State(e) => ApiError::internal(e.to_string()),
+            SwapError::Internal(m) => ApiError::internal(m),
+        }
+    }
+}
+
+impl From<crate::checkpoint::CheckpointError> for ApiError {
+    fn from(err: crate::checkpoint::CheckpointError) -> ApiError {
+        ApiError::internal(err.to_string())
+    }
+}
+
+fn reply(status: StatusCode, body: &Json) -> Response {
+    let mut response = (status, body.to_string()).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn ok(body: Json) -> Result<Response, ApiError> {
+    Ok(reply(StatusCode::OK, &body))
+}
+
+fn sha256(bytes: &[u8]) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).into()
+}
+
+/// Starts the API; the server stops when `stop` turns true. Returns the
+/// server's task.
+pub async fn serve(
+    spec: &AdminSpec,
+    state_path: &str,
+    host: Host,
+    mut stop: watch::Receiver<bool>,
+) -> Result<tokio::task::JoinHandle<()>, String> {
+    let listen = spec.listen.0;
+    let configured = spec
+        .token
+        .as_ref()
+        .map(|t| t.0.clone())
+        .or_else(|| std::env::var("DATUM_ADMIN_TOKEN").ok())
+        .filter(|t| !t.is_empty());
+    if configured.is_none() && !listen.ip().is_loopback() {
+        return Err(format!(
+            "refusing to listen on {listen} without a token: anyone who can reach it could \
+             swap modules. Set [admin] token = \"${{DATUM_ADMIN_TOKEN}}\" (or the \
+             DATUM_ADMIN_TOKEN variable), or listen on 127.0.0.1"
+        ));
+    }
+    let token = match configured {
+        Some(token) => token,
+        None => {
+            let path = spec.token_file(state_path);
+            let token = generate_token(&path)?;
+            tracing::info!(token_file = %path.display(), "admin API token generated (datum admin --config reads it)");
+            token
+        }
+    };
+    let app = Arc::new(App {
+        host,
+        token_digest: sha256(token.as_bytes()),
+        timeout: spec.request_timeout.0,
+    });
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+    let bound: SocketAddr = listener.local_addr().map_err(|e| e.to_string())?;
+    tracing::info!(address = %bound, "admin API listening");
+    let router = router(app, spec.max_upload.0);
+    Ok(tokio::spawn(async move {
+        let served = axum::serve(listener, router)
+            .with_graceful_shutdown(async move {
+                let _ = stop.wait_for(|s| *s).await;
+            })
+            .await;
+        if let Err(err) = served {
+            tracing::error!(error = %err, "admin API stopped");
+        }
+    }))
+}
+
+/// A random token, written to `path` (mode 0600) for `datum admin`.
+fn generate_token(path: &std::path::Path) -> Result<String, String> {
+    use std::io::{Read, Write};
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|e| format!("generating a token: {e}"))?;
+    let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let _ = std::fs::remove_file(path);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| f.write_all(token.as_bytes()))
+        .map_err(|e| format!("writing the token file {}: {e}", path.display()))?;
+    Ok(token)
+}
+
+fn router(app: Arc<App>, max_upload: usize) -> Router {
+    let protected = Router::new()
+        .route("/metrics", get(metrics_handler))
+        .route("/v1/pipelines", get(list_pipelines))
+        .route("/v1/pipelines/{pipeline}", get(pipeline_status))
+        .route("/v1/pipelines/{pipeline}/pause", post(pause))
+        .route("/v1/pipelines/{pipeline}/resume", post(resume))
+        .route("/v1/pipelines/{pipeline}/modules", get(list_modules))
+        .route(
+            "/v1/pipelines/{pipeline}/modules/{module}",
+            get(show_module),
+        )
+        .route(
+            "/v1/pipelines/{pipeline}/modules/{module}/versions",
+            post(upload).layer(DefaultBodyLimit::max(max_upload)),
+        )
+        .route(
+            "/v1/pipelines/{pipeline}/modules/{module}/rollback",
+            post(rollback),
+        )
+        .route(
+            "/v1/pipelines/{pipeline}/dead-letters",
+            get(list_dead_letters),
+        )
+        .route(
+            "/v1/pipelines/{pipeline}/dead-letters/{id}",
+            get(show_dead_letter).delete(discard_dead_letter),
+        )
+        .route(
+            "/v1/pipelines/{pipeline}/dead-letters/{id}/replay",
+            post(replay_dead_letter),
+        )
+        .route_layer(middleware::from_fn_with_state(app.clone(), authorize));
+    Router::new()
+        .route("/v1/health", get(|| async { ok(json!({"status": "ok"})) }))
+        .route("/v1/ready", get(ready))
+        .route(
+            "/v1/openapi.json",
+            get(|| async { ok(openapi::document()) }),
+        )
+        .merge(protected)
+        .fallback(|| async { ApiError::not_found("no such route: see /v1/openapi.json") })
+        .layer(DefaultBodyLimit::max(SMALL_BODY))
+        .layer(middleware::from_fn_with_state(app.clone(), time_limit))
+        .layer(middleware::from_fn(shape_errors))
+        .with_state(app)
+}
+
+async fn authorize(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let Some(given) = given else {
+        return ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "missing_token",
+            "send the admin token: Authorization: Bearer TOKEN",
+        )
+        .into_response();
+    };
+    let digest = sha256(given.as_bytes());
+    let differs = digest
+        .iter()
+        .zip(app.token_digest.iter())
+        .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+    if std::hint::black_box(differs) != 0 {
+        return ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid_token",
+            "the token is wrong",
+        )
+        .into_response();
+    }
+    next.run(request).await
+}
+
+async fn time_limit(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
+    match tokio::time::timeout(app.timeout, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "timeout",
+            format!(
+                "the request took longer than {:?} (admin.request_timeout); a swap still in \
+                 progress completes on its own: check the module's versions",
+                app.timeout
+            ),
+        )
+        .into_response(),
+    }
+}
+
+/// The code of an error known only by its status (axum's rejections).
+fn code_for(status: StatusCode) -> &'static str {
+    match status {
+        StatusCode::NOT_FOUND => "not_found",
+        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+        StatusCode::PAYLOAD_TOO_LARGE => "payload_too_large",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+        StatusCode::REQUEST_TIMEOUT => "timeout",
+        StatusCode::UNAUTHORIZED => "missing_token",
+        s if s.is_server_error() => "internal",
+        _ => "invalid_request",
+    }
+}
+
+/// An axum rejection in the API's shape.
+fn rejected(status: StatusCode, text: String) -> ApiError {
+    ApiError::new(status, code_for(status), text)
+}
+
+/// Gives axum's own rejections (404, 405, 413, 415, ...) the API's error
+/// shape.
+async fn shape_errors(request: Request, next: Next) -> Response {
+    let response = next.run(request).await;
+    let status = response.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if is_json {
+        return response;
+    }
+    let code = code_for(status);
+    let body = axum::body::to_bytes(response.into_body(), 4096)
+        .await
+        .unwrap_or_default();
+    let text = String::from_utf8_lossy(&body).trim().to_owned();
+    let message = if text.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_owned()
+    } else {
+        text
+    };
+    ApiError::new(status, code, message).into_response()
+}
+
+impl App {
+    fn pipeline(&self, name: &str) -> Result<&Arc<PipelineControl>, ApiError> {
+        self.host
+            .pipelines
+            .iter()
+            .find(|p| p.name == name)
+            .ok_or_else(|| ApiError::not_found(format!("no pipeline named `{name}`")))
+    }
+}
+
+async fn ready(State(app): State<Arc<App>>) -> Response {
+    let mut states = serde_json::Map::new();
+    let mut ready = true;
+    for p in &app.host.pipelines {
+        let state = p.state();
+        ready &= matches!(state, PipelineState::Running | PipelineState::Paused);
+        states.insert(p.name.clone(), json!(state.as_str()));
+    }
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    reply(status, &json!({"ready": ready, "pipelines": states}))
+}
+
+async fn metrics_handler(State(app): State<Arc<App>>) -> Response {
+    let text = metrics::render(&app.host.pipelines, &app.host.store);
+    let mut response = text.into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    response
+}
+
+/// A pipeline's status document (docs/admin.md).
+pub fn status(control: &PipelineControl, store: &Store) -> Json {
+    use std::sync::atomic::Ordering::Relaxed;
+    let source = &control.source_stats;
+    let stats = &control.stats;
+    let received = Lsn(source.received_lsn.load(Relaxed));
+    let checkpointed = match control.handles() {
+        Some(h) => h.feedback.flushed(),
+        None => store
+            .offset(&control.name)
+            .ok()
+            .flatten()
+            .map(|o| o.end_lsn)
+            .unwrap_or_default(),
+    };
+    let confirmed = Lsn(source.confirmed_lsn.load(Relaxed));
+    let (batches_per_second, changes_per_second, waiting) = control.rates();
+    let last_error = stats
+        .last_error
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+        .map(|(message, at)| json!({"message": message, "at": at}));
+    let snapshots: Vec<Json> = store
+        .snapshot_progress(&control.name)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|s| {
+            let state = match s.state {
+                0 => "pending",
+                1 => "copying",
+                _ => "done",
+            };
+            json!({"table": s.table, "state": state, "rows": s.rows, "updated_at": s.updated_at})
+        })
+        .collect();
+    json!({
+        "name": control.name,
+        "state": control.state().as_str(),
+        "lsn": {
+            "received": received.max(checkpointed).to_string(),
+            "checkpointed": checkpointed.to_string(),
+            "confirmed": confirmed.to_string(),
+        },
+        "lag": {
+            "bytes": received.0.saturating_sub(checkpointed.0),
+            "seconds": waiting,
+        },
+        "rates": {
+            "batches_per_second": batches_per_second,
+            "changes_per_second": changes_per_second,
+        },
+        "totals": {
+            "batches_in": source.batches.load(Relaxed),
+            "changes_in": source.changes.load(Relaxed),
+            "bytes_in": source.bytes.load(Relaxed),
+            "batches_out": stats.batches_written.load(Relaxed),
+            "changes_out": stats.changes_written.load(Relaxed),
+            "bytes_out": stats.bytes_written.load(Relaxed),
+            "module_failures": stats.module_failures.load(Relaxed),
+            "skipped": stats.skipped.load(Relaxed),
+            "dead_letters": stats.dead_letters.load(Relaxed),
+            "sink_retries": stats.sink_retries.load(Relaxed),
+        },
+        "modules": control.chain.info(),
+        "snapshots": snapshots,
+        "last_error": last_error,
+    })
+}
+
+async fn list_pipelines(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
+    let all: Vec<Json> = app
+        .host
+        .pipelines
+        .iter()
+        .map(|p| status(p, &app.host.store))
+        .collect();
+    ok(json!({ "pipelines": all }))
+}
+
+async fn pipeline_status(
+    State(app): State<Arc<App>>,
+    Path(pipeline): Path<String>,
+) -> Result<Response, ApiError> {
+    let control = app.pipeline(&pipeline)?;
+    ok(status(control, &app.host.store))
+}
+
+async fn pause(
+    State(app): State<Arc<App>>,
+    Path(pipeline): Path<String>,
+) -> Result<Response, ApiError> {
+    let control = app.pipeline(&pipeline)?.clone();
+    // In a task of its own: a timed-out request does not cancel the pause.
+    let state = tokio::spawn(async move { control.pause().await })
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    tracing::info!(pipeline = %pipeline, state = state.as_str(), "pause requested over the admin API");
+    ok(status(app.pipeline(&pipeline)?, &app.host.store))
+}
+
+async fn resume(
+    State(app): State<Arc<App>>,
+    Path(pipeline): Path<String>,
+) -> Result<Response, ApiError> {
+    let control = app.pipeline(&pipeline)?.clone();
+    let resumed = tokio::spawn(async move { control.resume().await })
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    if let Err(state) = resumed {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "conflict",
+            format!(
+                "pipeline `{pipeline}` is {} and cannot resume: restart the host (its status \
+                 shows the last error)",
+                state.as_str()
+            ),
+        ));
+    }
+    tracing::info!(pipeline = %pipeline, "resume requested over the admin API");
+    ok(status(app.pipeline(&pipeline)?, &app.host.store))
+}
+
+fn module_json(store: &Store, pipeline: &str, slot: &hotswap::SlotInfo) -> Result<Json, ApiError> {
+    let key = hotswap::key(pipeline, &slot.name);
+    let versions: Vec<Json> = store
+        .module_versions(&key)?
+        .into_iter()
+        .map(|v| {
+            json!({
+                "version": v.version,
+                "sha256": v.sha256,
+                "size": v.wasm.len(),
+                "origin": v.origin,
+                "fixtures": v.fixtures,
+                "stored_at": v.stored_at,
+                "active": v.version == slot.version,
+            })
+        })
+        .collect();
+    let activations: Vec<Json> = store
+        .module_activations(&key)?
+        .into_iter()
+        .map(|a| {
+            json!({
+                "version": a.version,
+                "at": a.at,
+                "effective_after": a.effective_after.to_string(),
+            })
+        })
+        .collect();
+    Ok(json!({
+        "name": slot.name,
+        "active": {"version": slot.version, "sha256": slot.sha256},
+        "versions": versions,
+        "activations": activations,
+    }))
+}
+
+async fn list_modules(
+    State(app): State<Arc<App>>,
+    Path(pipeline): Path<String>,
+) -> Result<Response, ApiError> {
+    let control = app.pipeline(&pipeline)?;
+    let modules = control
+        .chain
+        .info()
+        .iter()
+        .map(|slot| module_json(&app.host.store, &pipeline, slot))
+        .collect::<Result<Vec<_>, _>>()?;
+    ok(json!({ "modules": modules }))
+}
+
+fn find_slot(
+    control: &PipelineControl,
+    pipeline: &str,
+    module: &str,
+) -> Result<hotswap::Slot, ApiError> {
+    control
+        .chain
+        .slots()
+        .into_iter()
+        .find(|s| s.name == module)
+        .ok_or_else(|| {
+            ApiError::not_found(format!(
+                "pipeline `{pipeline}` has no transform named `{module}`"
+            ))
+        })
+}
+
+async fn show_module(
+    State(app): State<Arc<App>>,
+    Path((pipeline, module)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let control = app.pipeline(&pipeline)?;
+    find_slot(control, &pipeline, &module)?;
+    let info = control
+        .chain
+        .info()
+        .into_iter()
+        .find(|s| s.name == module)
+        .ok_or_else(|| ApiError::not_found(format!("no transform named `{module}`")))?;
+    ok(module_json(&app.host.store, &pipeline, &info)?)
+}
+
+/// An upload's parts.
+#[derive(Debug, Default)]
+struct Upload {
+    wasm: Option<Vec<u8>>,
+    config: Option<String>,
+    fixtures: Vec<(String, Vec<u8>)>,
+}
+
+fn fixture_name_ok(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        && (name.ends_with(crate::golden::INPUT_SUFFIX)
+            || name.ends_with(crate::golden::EXPECTED_SUFFIX)
+            || name.ends_with(".config.toml")
+            || name == "config.toml")
+}
+
+async fn read_upload(app: &Arc<App>, request: Request) -> Result<Upload, ApiError> {
+    let content_type = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    if content_type.starts_with("multipart/form-data") {
+        let mut multipart = axum::extract::Multipart::from_request(request, app)
+            .await
+            .map_err(|e| rejected(e.status(), e.body_text()))?;
+        let mut upload = Upload::default();
+        while let Some(field) = multipart
+            .next_field()
+            .await
+            .map_err(|e| rejected(e.status(), e.body_text()))?
+        {
+            let name = field.name().unwrap_or("").to_owned();
+            let file_name = field.file_name().map(str::to_owned);
+            let bytes = field
+                .bytes()
+                .await
+                .map_err(|e| rejected(e.status(), e.body_text()))?;
+            match name.as_str() {
+                "module" => upload.wasm = Some(bytes.to_vec()),
+                "config" => {
+                    upload.config = Some(String::from_utf8(bytes.to_vec()).map_err(|_| {
+                        ApiError::bad_request("the `config` part is not UTF-8 TOML")
+                    })?)
+                }
+                _ => {
+                    let file = file_name.unwrap_or(name);
+                    if !fixture_name_ok(&file) {
+                        return Err(ApiError::bad_request(format!(
+                            "unexpected part `{file}`: parts are `module`, `config`, and \
+                             fixtures named NAME.input.json, NAME.expected.json, \
+                             NAME.config.toml or config.toml"
+                        )));
+                    }
+                    upload.fixtures.push((file, bytes.to_vec()));
+                }
+            }
+        }
+        if upload.wasm.is_none() {
+            return Err(ApiError::bad_request(
+                "the multipart body has no `module` part (the wasm file)",
+            ));
+        }
+        Ok(upload)
+    } else if content_type.is_empty()
+        || content_type.starts_with("application/wasm")
+        || content_type.starts_with("application/octet-stream")
+    {
+        let bytes = Bytes::from_request(request, app)
+            .await
+            .map_err(|e| rejected(e.status(), e.body_text()))?;
+        Ok(Upload {
+            wasm: Some(bytes.to_vec()),
+            ..Upload::default()
+        })
+    } else {
+        Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            format!(
+                "`{content_type}`: send the module as application/wasm (or \
+                 application/octet-stream), or multipart/form-data with fixtures"
+            ),
+        ))
+    }
+}
+
+fn flag(query: Option<&str>, name: &str) -> Result<bool, ApiError> {
+    let mut on = false;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, "true"));
+        if key != name {
+            return Err(ApiError::bad_request(format!(
+                "unknown query parameter `{key}`"
+            )));
+        }
+        on = match value {
+            "true" | "1" => true,
+            "false" | "0" => false,
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "{name}={other}: use true or false"
+                )));
+            }
+        };
+    }
+    Ok(on)
+}
+
+/// Runs `fixtures` (file name, bytes) against `wasm`: the number of cases
+/// that passed, or the report of those that did not.
+fn run_fixtures(
+    wasm: &[u8],
+    config: &str,
+    fixtures: &[(String, Vec<u8>)],
+) -> Result<u64, SwapError> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "datum-upload-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    let internal = |e: std::io::Error| SwapError::Internal(format!("fixtures: {e}"));
+    std::fs::create_dir_all(&dir).map_err(internal)?;
+    let result = (|| {
+        let module = dir.join("module.wasm");
+        std::fs::write(&module, wasm).map_err(internal)?;
+        if !fixtures.iter().any(|(name, _)| name == "config.toml") {
+            std::fs::write(dir.join("config.toml"), config).map_err(internal)?;
+        }
+        for (name, bytes) in fixtures {
+            std::fs::write(dir.join(name), bytes).map_err(internal)?;
+        }
+        let mut report = Vec::new();
+        let summary = crate::golden::run_suite(
+            &module,
+            &dir,
+            &crate::golden::Options::default(),
+            &mut report,
+        )
+        .map_err(|e| SwapError::Fixtures {
+            failed: 1,
+            total: 1,
+            report: e.to_string(),
+        })?;
+        if summary.failed > 0 {
+            return Err(SwapError::Fixtures {
+                failed: summary.failed,
+                total: summary.failed + summary.passed,
+                report: String::from_utf8_lossy(&report).into_owned(),
+            });
+        }
+        Ok(summary.passed as u64)
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+async fn upload(
+    State(app): State<Arc<App>>,
+    Path((pipeline, module)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let dry_run = flag(query.as_deref(), "dry_run")?;
+    let control = app.pipeline(&pipeline)?.clone();
+    let slot = find_slot(&control, &pipeline, &module)?;
+    let upload = read_upload(&app, request).await?;
+    let wasm = upload.wasm.unwrap_or_default();
+    let config = upload.config.unwrap_or_else(|| slot.config.clone());
+    let fixtures = upload.fixtures;
+    let store = app.host.store.clone();
+    let engine = app.host.engine.clone();
+    // The work runs in a task of its own, so a request that times out does
+    // not leave a swap half done.
+    let work = tokio::spawn(async move {
+        let (wasm, config, compiled, passed) = tokio::task::spawn_blocking(move || {
+            let compiled = hotswap::compile(&engine, &slot.name, &wasm, &config, slot.limits)?;
+            let passed = if fixtures.is_empty() {
+                0
+            } else {
+                run_fixtures(&wasm, &config, &fixtures)?
+            };
+            Ok::<_, SwapError>((wasm, config, compiled, passed))
+        })
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))??;
+        if dry_run {
+            return ok(json!({
+                "module": module,
+                "sha256": compiled.sha256(),
+                "fixtures": passed,
+                "dry_run": true,
+            }));
+        }
+        let candidate = hotswap::Candidate {
+            wasm,
+            config,
+            module: compiled,
+            fixtures: passed,
+        };
+        let swapped = hotswap::swap(&store, &control.chain, &pipeline, &module, candidate).await?;
+        Ok(reply(
+            StatusCode::CREATED,
+            &serde_json::to_value(&swapped).unwrap_or_default(),
+        ))
+    });
+    work.await.map_err(|e| ApiError::internal(e.to_string()))?
+}
+
+async fn rollback(
+    State(app): State<Arc<App>>,
+    Path((pipeline, module)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Body {
+        version: Option<u64>,
+    }
+    let to = if body.iter().all(u8::is_ascii_whitespace) {
+        None
+    } else {
+        serde_json::from_slice::<Body>(&body)
+            .map_err(|e| {
+                ApiError::bad_request(format!(
+                    "the body: {e} (send {{\"version\": N}} or nothing)"
+                ))
+            })?
+            .version
+    };
+    let control = app.pipeline(&pipeline)?.clone();
+    find_slot(&control, &pipeline, &module)?;
+    let (store, engine) = (app.host.store.clone(), app.host.engine.clone());
+    let work = tokio::spawn(async move {
+        hotswap::rollback(&engine, &store, &control.chain, &pipeline, &module, to).await
+    });
+    let swapped = work
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))??;
+    ok(serde_json::to_value(&swapped).unwrap_or_default())
+}
+
+fn letter_json(letter: &crate::checkpoint::DeadLetter, with_batch: bool) -> Json {
+    let batch: Option<wire::Batch> = wire::from_msgpack(&letter.batch).ok();
+    let mut value = json!({
+        "id": letter.id,
+        "error": letter.error,
+        "module_version": letter.module_version,
+        "at": letter.at,
+        "xid": batch.as_ref().map(|b| b.txn.xid),
+        "commit_lsn": batch.as_ref().map(|b| Lsn(b.txn.commit_lsn).to_string()),
+        "changes": batch.as_ref().map(|b| b.changes.len()),
+    });
+    if with_batch && let Some(batch) = &batch {
+        value["batch"] = serde_json::to_value(crate::json::BatchJson(batch)).unwrap_or_default();
+    }
+    value
+}
+
+async fn list_dead_letters(
+    State(app): State<Arc<App>>,
+    Path(pipeline): Path<String>,
+) -> Result<Response, ApiError> {
+    app.pipeline(&pipeline)?;
+    let letters: Vec<Json> = app
+        .host
+        .store
+        .dead_letters(Some(&pipeline))?
+        .iter()
+        .map(|l| letter_json(l, false))
+        .collect();
+    ok(json!({ "dead_letters": letters }))
+}
+
+fn letter(app: &App, pipeline: &str, id: &str) -> Result<crate::checkpoint::DeadLetter, ApiError> {
+    app.pipeline(pipeline)?;
+    let id: u64 = id
+        .parse()
+        .map_err(|_| ApiError::bad_request(format!("`{id}` is not a dead letter id")))?;
+    app.host.store.dead_letter(pipeline, id)?.ok_or_else(|| {
+        ApiError::not_found(format!("pipeline `{pipeline}` has no dead letter {id}"))
+    })
+}
+
+async fn show_dead_letter(
+    State(app): State<Arc<App>>,
+    Path((pipeline, id)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let letter = letter(&app, &pipeline, &id)?;
+    ok(letter_json(&letter, true))
+}
+
+async fn discard_dead_letter(
+    State(app): State<Arc<App>>,
+    Path((pipeline, id)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let letter = letter(&app, &pipeline, &id)?;
+    app.host.store.remove_dead_letter(&pipeline, letter.id)?;
+    tracing::info!(pipeline = %pipeline, id = letter.id, "dead letter discarded over the admin API");
+    ok(json!({"id": letter.id, "discarded": true}))
+}
+
+async fn replay_dead_letter(
+    State(app): State<Arc<App>>,
+    Path((pipeline, id)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let letter = letter(&app, &pipeline, &id)?;
+    let control = app.pipeline(&pipeline)?.clone();
+    let Some(handles) = control.handles() else {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "conflict",
+            format!(
+                "pipeline `{pipeline}` is {}: resume it to replay (the sink is reached through \
+                 the running pipeline)",
+                control.state().as_str()
+            ),
+        ));
+    };
+    let batch: wire::Batch = wire::from_msgpack(&letter.batch).map_err(|e| {
+        ApiError::internal(format!("dead letter {} does not decode: {e}", letter.id))
+    })?;
+    let modules = control.chain.modules();
+    let transformed = tokio::task::spawn_blocking(move || {
+        let mut chain = Chain::new(&modules);
+        chain.run_items(crate::golden::source_items(&batch))
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))?
+    .map_err(|e| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "transform_failed",
+            format!("the modules failed on it again (it is kept): {e}"),
+        )
+    })?;
+    let changes = transformed.len();
+    let (done, answer) = tokio::sync::oneshot::channel();
+    handles
+        .replay
+        .send(crate::pipeline::Replay {
+            batch: transformed,
+            done,
+        })
+        .await
+        .map_err(|_| ApiError::new(StatusCode::CONFLICT, "conflict", "the pipeline stopped"))?;
+    match answer.await {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => {
+            return Err(ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "sink_failed",
+                format!("the sink refused it (it is kept): {err}"),
+            ));
+        }
+        Err(_) => {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "conflict",
+                "the pipeline stopped before the sink answered (it is kept)",
+            ));
+        }
+    }
+    app.host.store.remove_dead_letter(&pipeline, letter.id)?;
+    tracing::info!(pipeline = %pipeline, id = letter.id, changes, "dead letter replayed over the admin API");
+    ok(json!({"id": letter.id, "replayed": true, "changes": changes}))
+}

@@ -1,0 +1,915 @@
+//! The admin API as an operator uses it: real HTTP requests against a
+//! `datum run` process reading a real source, with real modules.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use datum_tests::{cluster, connect, example_wasm, example_wasm_path};
+use serde_json::{Value as Json, json};
+
+use crate::run::{Host, lines, temp_dir, toml_string, wait_for_slots};
+
+const TOKEN: &str = "test-admin-token-0123456789";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// An HTTP client for one host's admin API.
+struct Admin {
+    base: String,
+    client: reqwest::Client,
+}
+
+/// A multipart/form-data body: (part name, file name, bytes).
+fn multipart(parts: &[(&str, Option<&str>, &[u8])]) -> (String, Vec<u8>) {
+    let boundary = "datum-test-boundary-5f1c2a";
+    let mut body = Vec::new();
+    for (name, file, bytes) in parts {
+        body.extend_from_slice(format!("--{boundary}\r\n").as_bytes());
+        match file {
+            Some(file) => body.extend_from_slice(
+                format!(
+                    "Content-Disposition: form-data; name=\"{name}\"; filename=\"{file}\"\r\n\
+                     Content-Type: application/octet-stream\r\n\r\n"
+                )
+                .as_bytes(),
+            ),
+            None => body.extend_from_slice(
+                format!("Content-Disposition: form-data; name=\"{name}\"\r\n\r\n").as_bytes(),
+            ),
+        }
+        body.extend_from_slice(bytes);
+        body.extend_from_slice(b"\r\n");
+    }
+    body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
+    (format!("multipart/form-data; boundary={boundary}"), body)
+}
+
+impl Admin {
+    fn new(port: u16) -> Admin {
+        Admin {
+            base: format!("http://127.0.0.1:{port}"),
+            client: reqwest::Client::builder()
+                .timeout(Duration::from_secs(60))
+                .build()
+                .expect("client"),
+        }
+    }
+
+    async fn send(&self, request: reqwest::RequestBuilder) -> (u16, Json) {
+        let response = request.send().await.expect("the admin API answers");
+        let status = response.status().as_u16();
+        let text = response.text().await.expect("body");
+        let body = serde_json::from_str(&text).unwrap_or(Json::String(text));
+        (status, body)
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    async fn get(&self, path: &str) -> (u16, Json) {
+        self.send(self.client.get(self.url(path)).bearer_auth(TOKEN))
+            .await
+    }
+
+    async fn post(&self, path: &str, body: Json) -> (u16, Json) {
+        self.send(
+            self.client
+                .post(self.url(path))
+                .bearer_auth(TOKEN)
+                .header("content-type", "application/json")
+                .body(body.to_string()),
+        )
+        .await
+    }
+
+    async fn delete(&self, path: &str) -> (u16, Json) {
+        self.send(self.client.delete(self.url(path)).bearer_auth(TOKEN))
+            .await
+    }
+
+    /// Uploads `wasm` with a configuration, as multipart.
+    async fn upload(&self, path: &str, wasm: &[u8], config: &str) -> (u16, Json) {
+        self.upload_parts(
+            path,
+            &[
+                ("module", Some("m.wasm"), wasm),
+                ("config", None, config.as_bytes()),
+            ],
+        )
+        .await
+    }
+
+    async fn upload_parts(&self, path: &str, parts: &[(&str, Option<&str>, &[u8])]) -> (u16, Json) {
+        let (content_type, body) = multipart(parts);
+        self.send(
+            self.client
+                .post(self.url(path))
+                .bearer_auth(TOKEN)
+                .header("content-type", content_type)
+                .body(body),
+        )
+        .await
+    }
+
+    /// Waits until the API answers and every pipeline runs.
+    async fn wait_running(&self, host: &Host) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(response) = self.client.get(self.url("/v1/ready")).send().await
+                && response.status().as_u16() == 200
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the host did not become ready within 30s:\n{}",
+                host.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn active_version(&self, module: &str) -> (u64, String) {
+        let (status, body) = self.get(&format!("/v1/pipelines/p/modules/{module}")).await;
+        assert_eq!(status, 200, "{body}");
+        (
+            body["active"]["version"].as_u64().expect("version"),
+            body["active"]["sha256"].as_str().expect("sha").to_owned(),
+        )
+    }
+}
+
+/// A host with one pipeline `p` over table `t`, the tagger module (tag
+/// `v0`) and a file sink, its admin API on a free port.
+fn config(
+    pg: &datum::throwaway::Cluster,
+    port: u16,
+    extra_admin: &str,
+    transforms: &str,
+) -> String {
+    format!(
+        r#"
+state = "state.redb"
+
+[admin]
+listen = "127.0.0.1:{port}"
+token = "{TOKEN}"
+{extra_admin}
+
+[[pipeline]]
+name = "p"
+source.url = {url}
+source.tables = ["public.t"]
+sink = {{ type = "file", path = "out.jsonl" }}
+on_error = "dead_letter"
+{transforms}
+"#,
+        url = toml_string(&pg.conninfo("postgres")),
+    )
+}
+
+fn tagger_transform() -> String {
+    format!(
+        "[[pipeline.transforms]]\nmodule = {}\nconfig = {{ tag = \"v0\" }}\n",
+        toml_string(example_wasm_path("tagger").to_str().unwrap())
+    )
+}
+
+/// Waits until the file sink holds `n` lines.
+async fn wait_for_lines(path: &Path, n: usize, host: &Host) -> Vec<Json> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let all = lines(path);
+        if all.len() >= n {
+            return all;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {n} lines after 60s:\n{}",
+            all.len(),
+            host.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn lsn(text: &str) -> u64 {
+    text.parse::<datum::source::Lsn>().expect("an LSN").0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_swaps_under_a_running_writer_lose_and_duplicate_nothing() {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    client
+        .batch_execute("CREATE TABLE t (id int PRIMARY KEY, tag text)")
+        .await
+        .expect("table");
+    let dir = temp_dir("admin-swaps");
+    let port = free_port();
+    let host = Host::start(&dir, &config(&pg, port, "", &tagger_transform()));
+    let admin = Admin::new(port);
+    admin.wait_running(&host).await;
+    wait_for_slots(&client, &["datum_p"], &host).await;
+
+    // A writer: transactions of 3 rows, back to back, until told to stop.
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let writer = {
+        let conninfo = pg.conninfo("postgres");
+        tokio::spawn(async move {
+            let client = connect(&conninfo).await;
+            let mut next = 0;
+            while !*stop_rx.borrow_and_update() {
+                client
+                    .batch_execute(&format!(
+                        "INSERT INTO t (id) VALUES ({}), ({}), ({})",
+                        next,
+                        next + 1,
+                        next + 2
+                    ))
+                    .await
+                    .expect("insert");
+                next += 3;
+                tokio::time::sleep(Duration::from_millis(3)).await;
+            }
+            next
+        })
+    };
+
+    let wasm = example_wasm("tagger");
+    let mut swaps: Vec<(String, u64, u64)> = Vec::new(); // (tag, version, effective_after)
+    for i in 1..=50 {
+        let tag = format!("v{i}");
+        let (status, body) = admin
+            .upload(
+                "/v1/pipelines/p/modules/tagger/versions",
+                &wasm,
+                &format!("tag = \"{tag}\""),
+            )
+            .await;
+        assert_eq!(status, 201, "swap {i}: {body}");
+        let version = body["version"].as_u64().expect("version");
+        let after = lsn(body["effective_after"].as_str().expect("effective_after"));
+        assert_eq!(body["sha256"].as_str().map(str::len), Some(64), "{body}");
+        if let Some((_, last_version, last_after)) = swaps.last() {
+            assert!(version > *last_version, "versions increase: {body}");
+            assert!(
+                after >= *last_after,
+                "activation LSNs never go back: {body}"
+            );
+        }
+        swaps.push((tag, version, after));
+    }
+    let _ = stop_tx.send(true);
+    let rows = writer.await.expect("writer");
+    let got = wait_for_lines(&dir.join("out.jsonl"), rows as usize, &host).await;
+    let (status, log) = host.stop(30);
+    assert!(status.success(), "{log}");
+
+    // Nothing lost, nothing duplicated.
+    let mut ids: Vec<i64> = got
+        .iter()
+        .map(|l| l["new"]["id"].as_i64().expect("id"))
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..rows as i64).collect::<Vec<_>>());
+    // Each transaction went through exactly one version: the one in force
+    // after the last activation at or before its start.
+    let mut tags_seen = std::collections::BTreeSet::new();
+    let mut by_txn: std::collections::BTreeMap<u64, Vec<&str>> = Default::default();
+    for line in &got {
+        let end = lsn(line["txn"]["end_lsn"].as_str().expect("end_lsn"));
+        let tag = line["new"]["tag"].as_str().expect("tag");
+        by_txn.entry(end).or_default().push(tag);
+        let expected = swaps
+            .iter()
+            .rev()
+            .find(|(_, _, after)| *after < end)
+            .map_or("v0", |(tag, _, _)| tag.as_str());
+        assert_eq!(tag, expected, "transaction ending at {end:X}: {line}");
+        tags_seen.insert(tag.to_owned());
+    }
+    for (end, tags) in &by_txn {
+        assert!(
+            tags.windows(2).all(|w| w[0] == w[1]),
+            "txn {end:X} saw {tags:?}"
+        );
+    }
+    assert!(
+        tags_seen.len() >= 10,
+        "the writer's transactions went through many versions: {tags_seen:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_uploads_and_tokens_are_refused_and_change_nothing() {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    client
+        .batch_execute("CREATE TABLE t (id int PRIMARY KEY, tag text)")
+        .await
+        .expect("table");
+    let dir = temp_dir("admin-refusals");
+    let port = free_port();
+    let host = Host::start(
+        &dir,
+        &config(&pg, port, "max_upload = \"8MiB\"", &tagger_transform()),
+    );
+    let admin = Admin::new(port);
+    admin.wait_running(&host).await;
+    let before = admin.active_version("tagger").await;
+    let path = "/v1/pipelines/p/modules/tagger/versions";
+    let wasm = example_wasm("tagger");
+
+    // (what, status, code, request)
+    let raw = |bytes: Vec<u8>| {
+        admin
+            .client
+            .post(admin.url(path))
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/wasm")
+            .body(bytes)
+    };
+    let cases: Vec<(&str, u16, &str, reqwest::RequestBuilder)> = vec![
+        (
+            "not wasm",
+            422,
+            "invalid_module",
+            raw(b"definitely not wasm".to_vec()),
+        ),
+        // A valid, empty module: no ABI exports.
+        (
+            "wrong ABI",
+            422,
+            "invalid_module",
+            raw(b"\0asm\x01\0\0\0".to_vec()),
+        ),
+        (
+            "oversized",
+            413,
+            "payload_too_large",
+            raw(vec![0u8; 9 << 20]),
+        ),
+        (
+            "no token",
+            401,
+            "missing_token",
+            admin.client.post(admin.url(path)).body(wasm.clone()),
+        ),
+        (
+            "wrong token",
+            401,
+            "invalid_token",
+            admin
+                .client
+                .post(admin.url(path))
+                .bearer_auth("not-the-token")
+                .body(wasm.clone()),
+        ),
+        (
+            "wrong media type",
+            415,
+            "unsupported_media_type",
+            admin
+                .client
+                .post(admin.url(path))
+                .bearer_auth(TOKEN)
+                .header("content-type", "text/plain")
+                .body("hello"),
+        ),
+        (
+            "unknown transform",
+            404,
+            "not_found",
+            admin
+                .client
+                .post(admin.url("/v1/pipelines/p/modules/nope/versions"))
+                .bearer_auth(TOKEN)
+                .body(wasm.clone()),
+        ),
+        (
+            "unknown route",
+            404,
+            "not_found",
+            admin
+                .client
+                .get(admin.url("/v1/nothing"))
+                .bearer_auth(TOKEN),
+        ),
+        (
+            "wrong method",
+            405,
+            "method_not_allowed",
+            admin
+                .client
+                .delete(admin.url("/v1/pipelines"))
+                .bearer_auth(TOKEN),
+        ),
+    ];
+    for (what, status, code, request) in cases {
+        let (got, body) = admin.send(request).await;
+        assert_eq!(got, status, "{what}: {body}");
+        assert_eq!(body["error"]["code"], code, "{what}: {body}");
+        assert!(body["error"]["message"].is_string(), "{what}: {body}");
+        assert_eq!(admin.active_version("tagger").await, before, "{what}");
+    }
+
+    // A configuration the module's init refuses.
+    let (status, body) = admin.upload(path, &wasm, "tag = \"refuse\"").await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (422, Some("invalid_module")),
+        "{body}"
+    );
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("refusing, as asked"),
+        "{body}"
+    );
+    // Configuration that is not TOML.
+    let (status, body) = admin.upload(path, &wasm, "tag = ").await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("invalid_request")),
+        "{body}"
+    );
+
+    // Fixtures the module fails: it tags `v9`, the case expects `v1`.
+    let input =
+        br#"{"changes": [{"op": "insert", "table": "t", "key": ["id"], "new": {"id": 1}}]}"#;
+    let expected = br#"{"changes": [{"op": "insert", "table": "t", "key": ["id"], "new": {"id": 1, "tag": "v1"}}]}"#;
+    let (status, body) = admin
+        .upload_parts(
+            path,
+            &[
+                ("module", Some("tagger.wasm"), &wasm),
+                ("config", None, b"tag = \"v9\""),
+                ("fixture", Some("one.input.json"), input),
+                ("fixture", Some("one.expected.json"), expected),
+            ],
+        )
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (422, Some("fixtures_failed")),
+        "{body}"
+    );
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("v9"),
+        "the diff: {body}"
+    );
+    assert_eq!(admin.active_version("tagger").await, before);
+
+    // The same fixtures pass with the right tag; dry_run stores nothing.
+    let parts: [(&str, Option<&str>, &[u8]); 4] = [
+        ("module", Some("tagger.wasm"), &wasm),
+        ("config", None, b"tag = \"v1\""),
+        ("fixture", Some("one.input.json"), input),
+        ("fixture", Some("one.expected.json"), expected),
+    ];
+    let (status, body) = admin
+        .upload_parts(&format!("{path}?dry_run=true"), &parts)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        (body["dry_run"].as_bool(), body["fixtures"].as_u64()),
+        (Some(true), Some(1)),
+        "{body}"
+    );
+    assert_eq!(admin.active_version("tagger").await, before);
+    let (_, module) = admin.get("/v1/pipelines/p/modules/tagger").await;
+    assert_eq!(
+        module["versions"].as_array().map(Vec::len),
+        Some(1),
+        "{module}"
+    );
+    let (status, body) = admin.upload_parts(path, &parts).await;
+    assert_eq!(
+        (status, body["fixtures"].as_u64()),
+        (201, Some(1)),
+        "{body}"
+    );
+    assert_eq!(admin.active_version("tagger").await.0, before.0 + 1);
+
+    // Health needs no token; everything else does.
+    let (status, body) = admin.send(admin.client.get(admin.url("/v1/health"))).await;
+    assert_eq!((status, body["status"].as_str()), (200, Some("ok")));
+    let (status, _) = admin.send(admin.client.get(admin.url("/metrics"))).await;
+    assert_eq!(status, 401);
+    let (status, log) = host.stop(30);
+    assert!(status.success(), "{log}");
+    assert!(!log.contains(TOKEN), "the token reached the log:\n{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollback_restart_and_pause_keep_their_promises() {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    client
+        .batch_execute("CREATE TABLE t (id int PRIMARY KEY, tag text)")
+        .await
+        .expect("table");
+    let dir = temp_dir("admin-rollback");
+    let port = free_port();
+    let config = config(&pg, port, "", &tagger_transform());
+    let out = dir.join("out.jsonl");
+    let host = Host::start(&dir, &config);
+    let admin = Admin::new(port);
+    admin.wait_running(&host).await;
+    let wasm = example_wasm("tagger");
+    let path = "/v1/pipelines/p/modules/tagger/versions";
+    let (first, _) = admin.active_version("tagger").await;
+
+    let (status, body) = admin.upload(path, &wasm, "tag = \"v1\"").await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = admin.upload(path, &wasm, "tag = \"v2\"").await;
+    assert_eq!(status, 201, "{body}");
+    let v2 = body["version"].as_u64().unwrap();
+    // Back to the previous version, then forward to a named one.
+    let (status, body) = admin
+        .post("/v1/pipelines/p/modules/tagger/rollback", json!({}))
+        .await;
+    assert_eq!(
+        (status, body["version"].as_u64()),
+        (200, Some(v2 - 1)),
+        "{body}"
+    );
+    let (status, body) = admin
+        .post(
+            "/v1/pipelines/p/modules/tagger/rollback",
+            json!({"version": first}),
+        )
+        .await;
+    assert_eq!(
+        (status, body["version"].as_u64()),
+        (200, Some(first)),
+        "{body}"
+    );
+    let (status, body) = admin
+        .post(
+            "/v1/pipelines/p/modules/tagger/rollback",
+            json!({"version": 99}),
+        )
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (404, Some("not_found")),
+        "{body}"
+    );
+    let (status, body) = admin
+        .post(
+            "/v1/pipelines/p/modules/tagger/rollback",
+            json!({"version": v2}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    client
+        .batch_execute("INSERT INTO t (id) VALUES (1)")
+        .await
+        .unwrap();
+    let got = wait_for_lines(&out, 1, &host).await;
+    assert_eq!(got[0]["new"]["tag"], "v2");
+
+    // A restart keeps the active version and its history.
+    let (status, log) = host.stop(30);
+    assert!(status.success(), "{log}");
+    let host = Host::start(&dir, &config);
+    admin.wait_running(&host).await;
+    let (version, _) = admin.active_version("tagger").await;
+    assert_eq!(version, v2);
+    let (_, module) = admin.get("/v1/pipelines/p/modules/tagger").await;
+    assert_eq!(
+        module["activations"].as_array().map(Vec::len),
+        Some(6),
+        "{module}"
+    );
+    client
+        .batch_execute("INSERT INTO t (id) VALUES (2)")
+        .await
+        .unwrap();
+    let got = wait_for_lines(&out, 2, &host).await;
+    assert_eq!(got[1]["new"]["tag"], "v2", "{got:?}");
+
+    // Pause: the slot is released and holds still while rows are written.
+    let (status, body) = admin.post("/v1/pipelines/p/pause", json!({})).await;
+    assert_eq!(
+        (status, body["state"].as_str()),
+        (200, Some("paused")),
+        "{body}"
+    );
+    let query = "SELECT active, confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'datum_p'";
+    let read_slot = || async {
+        let row = client.query_one(query, &[]).await.expect("slot");
+        (row.get::<_, bool>(0), row.get::<_, String>(1))
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while read_slot().await.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the slot stayed active after pause"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let paused_at = read_slot().await.1;
+    for id in 3..=12 {
+        client
+            .batch_execute(&format!("INSERT INTO t (id) VALUES ({id})"))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(
+        read_slot().await,
+        (false, paused_at.clone()),
+        "the slot moved while paused"
+    );
+    assert_eq!(
+        lines(&out).len(),
+        2,
+        "nothing reaches the sink while paused"
+    );
+    let (status, body) = admin.get("/v1/pipelines/p").await;
+    assert_eq!(
+        (status, body["state"].as_str()),
+        (200, Some("paused")),
+        "{body}"
+    );
+    let (status, body) = admin.send(admin.client.get(admin.url("/v1/ready"))).await;
+    assert_eq!(
+        (status, body["ready"].as_bool()),
+        (200, Some(true)),
+        "paused is ready: {body}"
+    );
+
+    // Resume: everything written meanwhile arrives, once.
+    let (status, body) = admin.post("/v1/pipelines/p/resume", json!({})).await;
+    assert_eq!(
+        (status, body["state"].as_str()),
+        (200, Some("running")),
+        "{body}"
+    );
+    let got = wait_for_lines(&out, 12, &host).await;
+    let mut ids: Vec<i64> = got
+        .iter()
+        .map(|l| l["new"]["id"].as_i64().unwrap())
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (1..=12).collect::<Vec<_>>());
+    let (status, log) = host.stop(30);
+    assert!(status.success(), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_openapi_status_and_dead_letters() {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    client
+        .batch_execute("CREATE TABLE t (id int PRIMARY KEY, tag text)")
+        .await
+        .expect("table");
+    let dir = temp_dir("admin-metrics");
+    let port = free_port();
+    // The panicker fails on id = 3: that batch becomes a dead letter.
+    let transforms = format!(
+        "{}[[pipeline.transforms]]\nmodule = {}\n",
+        tagger_transform(),
+        toml_string(example_wasm_path("panicker").to_str().unwrap())
+    );
+    let host = Host::start(&dir, &config(&pg, port, "", &transforms));
+    let admin = Admin::new(port);
+    admin.wait_running(&host).await;
+    for id in 1..=5 {
+        client
+            .batch_execute(&format!("INSERT INTO t (id) VALUES ({id})"))
+            .await
+            .unwrap();
+    }
+    let out = dir.join("out.jsonl");
+    wait_for_lines(&out, 4, &host).await;
+
+    // Status.
+    let (status, body) = admin.get("/v1/pipelines/p").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["state"], "running");
+    assert_eq!(body["totals"]["changes_out"], 4, "{body}");
+    assert_eq!(body["totals"]["dead_letters"], 1, "{body}");
+    assert_eq!(body["modules"].as_array().map(Vec::len), Some(2), "{body}");
+    assert!(
+        body["last_error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("boom on id 3"),
+        "{body}"
+    );
+    let checkpointed = lsn(body["lsn"]["checkpointed"].as_str().unwrap());
+    assert!(checkpointed > 0, "{body}");
+
+    // Metrics parse as Prometheus text and say the same.
+    let response = admin
+        .client
+        .get(admin.url("/metrics"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/plain; version=0.0.4"),
+    );
+    let text = response.text().await.unwrap();
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))
+        .unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let value = |name: &str, labels: &[(&str, &str)]| -> Option<f64> {
+        scrape.samples.iter().find_map(|s| {
+            let matches =
+                s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v));
+            match (matches, &s.value) {
+                (true, prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Gauge(v)) => {
+                    Some(*v)
+                }
+                (true, prometheus_parse::Value::Untyped(v)) => Some(*v),
+                _ => None,
+            }
+        })
+    };
+    assert_eq!(
+        value("datum_changes_out_total", &[("pipeline", "p")]),
+        Some(4.0),
+        "{text}"
+    );
+    assert_eq!(
+        value("datum_dead_letters_total", &[("pipeline", "p")]),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        value(
+            "datum_module_failures_total",
+            &[("pipeline", "p"), ("kind", "guest_error")]
+        )
+        .or_else(|| value(
+            "datum_module_failures_total",
+            &[("pipeline", "p"), ("kind", "trap")]
+        )),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(value("datum_checkpointed_lsn", &[("pipeline", "p")]).unwrap() >= checkpointed as f64);
+    assert_eq!(
+        value("datum_up", &[("pipeline", "p"), ("state", "running")]),
+        Some(1.0)
+    );
+    let histogram = scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == "datum_transform_seconds")
+        .unwrap_or_else(|| panic!("no histogram:\n{text}"));
+    match &histogram.value {
+        prometheus_parse::Value::Histogram(buckets) => {
+            assert!(buckets.iter().any(|b| b.count >= 5.0), "{text}")
+        }
+        other => panic!("datum_transform_seconds is {other:?}"),
+    }
+    assert!(
+        value(
+            "datum_module_version",
+            &[("pipeline", "p"), ("module", "tagger")]
+        )
+        .is_some()
+    );
+
+    // The OpenAPI document is valid and lists every route the router has.
+    let (status, doc) = admin
+        .send(admin.client.get(admin.url("/v1/openapi.json")))
+        .await;
+    assert_eq!(status, 200);
+    let parsed: openapiv3::OpenAPI =
+        serde_json::from_value(doc.clone()).expect("a valid OpenAPI 3 document");
+    assert!(parsed.openapi.starts_with("3.0"));
+    for route in datum::admin::openapi::ROUTES {
+        let item = parsed
+            .paths
+            .paths
+            .get(route.path)
+            .unwrap_or_else(|| panic!("{} missing", route.path))
+            .as_item()
+            .expect("an item");
+        let op = match route.method {
+            "get" => item.get.as_ref(),
+            "post" => item.post.as_ref(),
+            "delete" => item.delete.as_ref(),
+            other => panic!("{other}"),
+        };
+        assert!(op.is_some(), "{} {} missing", route.method, route.path);
+        // And the router serves it: a real route never answers "no such route".
+        let url = admin.url(
+            &route
+                .path
+                .replace("{pipeline}", "nope")
+                .replace("{module}", "tagger")
+                .replace("{id}", "999"),
+        );
+        let request = match route.method {
+            "get" => admin.client.get(url),
+            "post" => admin.client.post(url),
+            _ => admin.client.delete(url),
+        };
+        let (_, body) = admin
+            .send(
+                request
+                    .bearer_auth(TOKEN)
+                    .header("content-type", "text/plain"),
+            )
+            .await;
+        let message = body["error"]["message"].as_str().unwrap_or("");
+        assert!(
+            !message.starts_with("no such route"),
+            "{} {}: {body}",
+            route.method,
+            route.path
+        );
+    }
+
+    // Dead letters: list, show, replay after swapping the failing module out.
+    let (status, body) = admin.get("/v1/pipelines/p/dead-letters").await;
+    assert_eq!(status, 200, "{body}");
+    let letters = body["dead_letters"].as_array().unwrap().clone();
+    assert_eq!(letters.len(), 1, "{body}");
+    let id = letters[0]["id"].as_u64().unwrap();
+    assert_eq!(letters[0]["changes"], 1);
+    assert!(
+        letters[0]["module_version"].as_u64().unwrap() >= 1,
+        "{body}"
+    );
+    let (status, body) = admin
+        .get(&format!("/v1/pipelines/p/dead-letters/{id}"))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["batch"]["changes"][0]["new"]["id"], 3, "{body}");
+    // Replaying through the same modules fails again and keeps it.
+    let (status, body) = admin
+        .post(
+            &format!("/v1/pipelines/p/dead-letters/{id}/replay"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (422, Some("transform_failed")),
+        "{body}"
+    );
+    // Swap the panicker for identity, then the replay goes through.
+    let identity = example_wasm("identity");
+    let (status, body) = admin
+        .upload("/v1/pipelines/p/modules/panicker/versions", &identity, "")
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = admin
+        .post(
+            &format!("/v1/pipelines/p/dead-letters/{id}/replay"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(
+        (status, body["replayed"].as_bool()),
+        (200, Some(true)),
+        "{body}"
+    );
+    let got = wait_for_lines(&out, 5, &host).await;
+    assert!(
+        got.iter()
+            .any(|l| l["new"]["id"] == 3 && l["new"]["tag"] == "v0"),
+        "{got:?}"
+    );
+    let (_, body) = admin.get("/v1/pipelines/p/dead-letters").await;
+    assert_eq!(
+        body["dead_letters"].as_array().map(Vec::len),
+        Some(0),
+        "{body}"
+    );
+    // Discard: another failure, set aside, then thrown away.
+    let (status, body) = admin
+        .delete(&format!("/v1/pipelines/p/dead-letters/{id}"))
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (404, Some("not_found")),
+        "{body}"
+    );
+    let (status, log) = host.stop(30);
+    assert!(status.success(), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
