@@ -362,10 +362,7 @@ impl Runner {
         wasm: &[u8],
         config: Option<&toml::Table>,
     ) -> Result<Runner, TransformError> {
-        let engine = Engine::new(EngineOptions {
-            fuel: true,
-            ..EngineOptions::default()
-        })?;
+        let engine = fuel_engine()?;
         let config = config
             .map(crate::transform::encode_config)
             .unwrap_or_else(empty_config);
@@ -440,6 +437,21 @@ impl Runner {
             elapsed,
         })
     }
+}
+
+/// The engine golden runs use: the production one with fuel metering, one
+/// per process, so a module run many times (an admin upload's fixtures, a
+/// test suite) is compiled once.
+fn fuel_engine() -> Result<Engine, TransformError> {
+    static ENGINE: std::sync::OnceLock<Engine> = std::sync::OnceLock::new();
+    if let Some(engine) = ENGINE.get() {
+        return Ok(engine.clone());
+    }
+    let engine = Engine::new(EngineOptions {
+        fuel: true,
+        ..EngineOptions::default()
+    })?;
+    Ok(ENGINE.get_or_init(|| engine).clone())
 }
 
 fn empty_config() -> Vec<u8> {

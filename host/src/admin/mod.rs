@@ -53,6 +53,7 @@ struct App {
     /// the guess, its length included.
     token_digest: [u8; 32],
     timeout: Duration,
+    max_upload: usize,
 }
 
 /// An API error: status, stable code, message.
@@ -178,6 +179,7 @@ pub async fn serve(
         host,
         token_digest: sha256(token.as_bytes()),
         timeout: spec.request_timeout.0,
+        max_upload: spec.max_upload.0,
     });
     let listener = tokio::net::TcpListener::bind(listen)
         .await
@@ -271,29 +273,37 @@ async fn authorize(State(app): State<Arc<App>>, request: Request, next: Next) ->
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    let Some(given) = given else {
-        return ApiError::new(
+        .map(|t| sha256(t.trim().as_bytes()));
+    let refusal = match given {
+        None => Some(ApiError::new(
             StatusCode::UNAUTHORIZED,
             "missing_token",
             "send the admin token: Authorization: Bearer TOKEN",
-        )
-        .into_response();
+        )),
+        Some(digest) => {
+            let differs = digest
+                .iter()
+                .zip(app.token_digest.iter())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+            (std::hint::black_box(differs) != 0).then(|| {
+                ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "invalid_token",
+                    "the token is wrong",
+                )
+            })
+        }
     };
-    let digest = sha256(given.as_bytes());
-    let differs = digest
-        .iter()
-        .zip(app.token_digest.iter())
-        .fold(0u8, |acc, (a, b)| acc | (a ^ b));
-    if std::hint::black_box(differs) != 0 {
-        return ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "invalid_token",
-            "the token is wrong",
-        )
-        .into_response();
+    match refusal {
+        None => next.run(request).await,
+        Some(refusal) => {
+            // Read what the client is sending (within the upload limit)
+            // before answering: closing on an unread body resets the
+            // connection, and the client would see a broken pipe, not 401.
+            let _ = axum::body::to_bytes(request.into_body(), app.max_upload).await;
+            refusal.into_response()
+        }
     }
-    next.run(request).await
 }
 
 async fn time_limit(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
@@ -622,6 +632,25 @@ fn fixture_name_ok(name: &str) -> bool {
 }
 
 async fn read_upload(app: &Arc<App>, request: Request) -> Result<Upload, ApiError> {
+    // A body announced too large is refused before a byte of it is read.
+    let announced = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(length) = announced
+        && length > app.max_upload as u64
+    {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!(
+                "the body is {length} bytes; this host takes uploads of at most {} bytes \
+                 (admin.max_upload)",
+                app.max_upload
+            ),
+        ));
+    }
     let content_type = request
         .headers()
         .get(header::CONTENT_TYPE)
@@ -771,10 +800,12 @@ async fn upload(
     RawQuery(query): RawQuery,
     request: Request,
 ) -> Result<Response, ApiError> {
+    // The body first: answering before reading it would reset the
+    // connection under a client still sending.
+    let upload = read_upload(&app, request).await?;
     let dry_run = flag(query.as_deref(), "dry_run")?;
     let control = app.pipeline(&pipeline)?.clone();
     let slot = find_slot(&control, &pipeline, &module)?;
-    let upload = read_upload(&app, request).await?;
     let wasm = upload.wasm.unwrap_or_default();
     let config = upload.config.unwrap_or_else(|| slot.config.clone());
     let fixtures = upload.fixtures;

@@ -352,12 +352,6 @@ async fn bad_uploads_and_tokens_are_refused_and_change_nothing() {
             raw(b"\0asm\x01\0\0\0".to_vec()),
         ),
         (
-            "oversized",
-            413,
-            "payload_too_large",
-            raw(vec![0u8; 9 << 20]),
-        ),
-        (
             "no token",
             401,
             "missing_token",
@@ -414,11 +408,38 @@ async fn bad_uploads_and_tokens_are_refused_and_change_nothing() {
         ),
     ];
     for (what, status, code, request) in cases {
+        eprintln!("case: {what}");
         let (got, body) = admin.send(request).await;
         assert_eq!(got, status, "{what}: {body}");
         assert_eq!(body["error"]["code"], code, "{what}: {body}");
         assert!(body["error"]["message"].is_string(), "{what}: {body}");
         assert_eq!(admin.active_version("tagger").await, before, "{what}");
+    }
+
+    // Too large: refused on its Content-Length, before the body is read
+    // (a client still sending sees the answer, or a reset connection).
+    {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect");
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {TOKEN}\r\n\
+             Content-Type: application/wasm\r\nContent-Length: {}\r\n\r\n",
+            9 << 20
+        );
+        stream.write_all(head.as_bytes()).await.expect("write");
+        stream.write_all(&[0u8; 4096]).await.expect("write");
+        let mut answer = Vec::new();
+        let _ =
+            tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer)).await;
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 413"), "oversized: {answer}");
+        assert!(
+            answer.contains("\"payload_too_large\""),
+            "oversized: {answer}"
+        );
+        assert_eq!(admin.active_version("tagger").await, before, "oversized");
     }
 
     // A configuration the module's init refuses.
@@ -911,5 +932,73 @@ async fn metrics_openapi_status_and_dead_letters() {
     );
     let (status, log) = host.stop(30);
     assert!(status.success(), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The HTTP layer alone (no pipeline): tokens, limits and the error shape,
+/// with the server in-process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_come_whole_even_to_a_client_still_sending() {
+    let dir = temp_dir("admin-http");
+    let port = free_port();
+    let spec: datum::config::Config = datum::config::Config::parse(&format!(
+        "[admin]\nlisten = \"127.0.0.1:{port}\"\ntoken = \"{TOKEN}\"\nmax_upload = \"8MiB\"\n\
+         [[pipeline]]\nname = \"x\"\nsource.url = \"postgres://localhost/x\"\nsink.type = \"stdout\"\n"
+    ))
+    .expect("config");
+    let store =
+        std::sync::Arc::new(datum::checkpoint::Store::open(dir.join("state.redb")).expect("store"));
+    let engine = datum::transform::Engine::new(Default::default()).expect("engine");
+    let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let _server = datum::admin::serve(
+        spec.admin.as_ref().expect("admin"),
+        dir.join("state.redb").to_str().unwrap(),
+        datum::admin::Host {
+            pipelines: Vec::new(),
+            store,
+            engine,
+        },
+        stop_rx,
+    )
+    .await
+    .expect("serve");
+    let admin = Admin::new(port);
+    let big = vec![7u8; 4 << 20];
+    let path = admin.url("/v1/pipelines/p/modules/m/versions");
+    for (what, request, status, code) in [
+        (
+            "no token",
+            admin.client.post(&path).body(big.clone()),
+            401,
+            "missing_token",
+        ),
+        (
+            "wrong token",
+            admin
+                .client
+                .post(&path)
+                .bearer_auth("nope")
+                .body(big.clone()),
+            401,
+            "invalid_token",
+        ),
+        (
+            "no pipeline",
+            admin
+                .client
+                .post(&path)
+                .bearer_auth(TOKEN)
+                .body(big.clone()),
+            404,
+            "not_found",
+        ),
+    ] {
+        let (got, body) = admin.send(request).await;
+        assert_eq!(
+            (got, body["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{what}: {body}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
