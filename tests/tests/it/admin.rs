@@ -880,6 +880,34 @@ async fn metrics_openapi_status_and_dead_letters() {
         .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["batch"]["changes"][0]["new"]["id"], 3, "{body}");
+    // Discard: a second failure on row 3, set aside, then thrown away.
+    client
+        .batch_execute("UPDATE t SET tag = 'again' WHERE id = 3")
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let second = loop {
+        let (_, body) = admin.get("/v1/pipelines/p/dead-letters").await;
+        if let Some(l) = body["dead_letters"].as_array().and_then(|l| l.get(1)) {
+            break l["id"].as_u64().unwrap();
+        }
+        assert!(Instant::now() < deadline, "no second dead letter: {body}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let (status, body) = admin
+        .delete(&format!("/v1/pipelines/p/dead-letters/{second}"))
+        .await;
+    assert_eq!(
+        (status, body["discarded"].as_bool()),
+        (200, Some(true)),
+        "{body}"
+    );
+    let (_, body) = admin.get("/v1/pipelines/p/dead-letters").await;
+    assert_eq!(
+        body["dead_letters"].as_array().map(Vec::len),
+        Some(1),
+        "{body}"
+    );
     // Replaying through the same modules fails again and keeps it.
     let (status, body) = admin
         .post(
@@ -962,6 +990,31 @@ async fn refusals_come_whole_even_to_a_client_still_sending() {
     )
     .await
     .expect("serve");
+    // No token, and not loopback: refused.
+    let open: datum::config::Config = datum::config::Config::parse(
+        "[admin]\nlisten = \"0.0.0.0:0\"\n[[pipeline]]\nname = \"x\"\n\
+         source.url = \"postgres://localhost/x\"\nsink.type = \"stdout\"\n",
+    )
+    .expect("config");
+    let (_stop2, stop_rx2) = tokio::sync::watch::channel(false);
+    let refused = datum::admin::serve(
+        open.admin.as_ref().expect("admin"),
+        dir.join("other.redb").to_str().unwrap(),
+        datum::admin::Host {
+            pipelines: Vec::new(),
+            store: std::sync::Arc::new(
+                datum::checkpoint::Store::open(dir.join("other.redb")).expect("store"),
+            ),
+            engine: datum::transform::Engine::new(Default::default()).expect("engine"),
+        },
+        stop_rx2,
+    )
+    .await;
+    match refused {
+        Err(message) => assert!(message.contains("without a token"), "{message}"),
+        Ok(_) => panic!("listened on 0.0.0.0 without a token"),
+    }
+
     let admin = Admin::new(port);
     let big = vec![7u8; 4 << 20];
     let path = admin.url("/v1/pipelines/p/modules/m/versions");
@@ -1000,5 +1053,136 @@ async fn refusals_come_whole_even_to_a_client_still_sending() {
             "{what}: {body}"
         );
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `datum admin` against a real host whose token was generated into its
+/// token file: the operator's commands, end to end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn datum_admin_drives_a_host_with_a_generated_token() {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    client
+        .batch_execute("CREATE TABLE t (id int PRIMARY KEY, tag text)")
+        .await
+        .expect("table");
+    let dir = temp_dir("admin-cli");
+    let port = free_port();
+    // No token in the configuration: the host generates one.
+    let config =
+        config(&pg, port, "", &tagger_transform()).replace(&format!("token = \"{TOKEN}\"\n"), "");
+    let host = Host::start(&dir, &config);
+    Admin::new(port).wait_running(&host).await;
+    let token_file = dir.join("state.redb.admin-token");
+    let token = std::fs::read_to_string(&token_file).expect("the generated token file");
+    assert_eq!(token.trim().len(), 64, "a 256-bit hex token");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&token_file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    assert!(
+        !host.log().contains(token.trim()),
+        "the token reached the log"
+    );
+
+    let datum = |args: &[&str]| {
+        let output = std::process::Command::new(datum_tests::datum_bin())
+            .arg("admin")
+            .arg("--config")
+            .arg(dir.join("datum.toml"))
+            .args(args)
+            .env_remove("DATUM_ADMIN_TOKEN")
+            .output()
+            .expect("datum admin");
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let (code, out, err) = datum(&["status"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        out.contains("p") && out.contains("running") && out.contains("tagger"),
+        "{out}"
+    );
+
+    // Swap with a configuration file and fixtures.
+    let fixtures = dir.join("fixtures");
+    std::fs::create_dir_all(&fixtures).unwrap();
+    std::fs::write(
+        fixtures.join("one.input.json"),
+        r#"{"changes": [{"op": "insert", "table": "t", "key": ["id"], "new": {"id": 1}}]}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        fixtures.join("one.expected.json"),
+        r#"{"changes": [{"op": "insert", "table": "t", "key": ["id"], "new": {"id": 1, "tag": "cli"}}]}"#,
+    )
+    .unwrap();
+    let cfg = dir.join("tagger.toml");
+    std::fs::write(&cfg, "tag = \"cli\"\n").unwrap();
+    let wasm = example_wasm_path("tagger");
+    let (code, out, err) = datum(&[
+        "swap",
+        "p",
+        "tagger",
+        wasm.to_str().unwrap(),
+        "--config-file",
+        cfg.to_str().unwrap(),
+        "--fixtures",
+        fixtures.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("version 2"), "{out}");
+    client
+        .batch_execute("INSERT INTO t (id) VALUES (1)")
+        .await
+        .unwrap();
+    let got = wait_for_lines(&dir.join("out.jsonl"), 1, &host).await;
+    assert_eq!(got[0]["new"]["tag"], "cli");
+
+    // A refused swap exits 1 and says why.
+    std::fs::write(&cfg, "tag = \"refuse\"\n").unwrap();
+    let (code, out, err) = datum(&[
+        "swap",
+        "p",
+        "tagger",
+        wasm.to_str().unwrap(),
+        "--config-file",
+        cfg.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(
+        err.contains("invalid_module") && err.contains("refusing, as asked"),
+        "{err}"
+    );
+
+    let (code, out, err) = datum(&["versions", "p", "tagger"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let (code, out, err) = datum(&["rollback", "p", "tagger"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("version 1"), "{out}");
+    let (code, out, err) = datum(&["--json", "pause", "p"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert_eq!(
+        serde_json::from_str::<Json>(&out).unwrap()["state"],
+        "paused",
+        "{out}"
+    );
+    let (code, out, err) = datum(&["resume", "p"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let (code, out, err) = datum(&["dead-letters", "p"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let (code, _, err) = datum(&["dead-letters", "p", "show", "7"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("not_found"), "{err}");
+
+    let (status, log) = host.stop(30);
+    assert!(status.success(), "{log}");
+    // With the host gone, the client says it could not reach it.
+    let (code, _, err) = datum(&["status"]);
+    assert_eq!(code, Some(2), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
