@@ -203,20 +203,39 @@ fn lsn(text: &str) -> u64 {
     text.parse::<datum::source::Lsn>().expect("an LSN").0
 }
 
+/// A throwaway server with table `t`, and a host over it.
+struct Setup {
+    pg: datum::throwaway::Cluster,
+    client: tokio_postgres::Client,
+    dir: std::path::PathBuf,
+    port: u16,
+}
+
+impl Setup {
+    async fn new(name: &str) -> Setup {
+        let pg = cluster();
+        let client = connect(&pg.conninfo("postgres")).await;
+        client
+            .batch_execute("CREATE TABLE t (id int PRIMARY KEY, tag text)")
+            .await
+            .expect("table");
+        Setup {
+            pg,
+            client,
+            dir: temp_dir(name),
+            port: free_port(),
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_swaps_under_a_running_writer_lose_and_duplicate_nothing() {
-    let pg = cluster();
-    let client = connect(&pg.conninfo("postgres")).await;
-    client
-        .batch_execute("CREATE TABLE t (id int PRIMARY KEY, tag text)")
-        .await
-        .expect("table");
-    let dir = temp_dir("admin-swaps");
-    let port = free_port();
-    let host = Host::start(&dir, &config(&pg, port, "", &tagger_transform()));
+    let setup = Setup::new("admin-swaps").await;
+    let (pg, client, dir, port) = (&setup.pg, &setup.client, &setup.dir, setup.port);
+    let host = Host::start(dir, &config(pg, port, "", &tagger_transform()));
     let admin = Admin::new(port);
     admin.wait_running(&host).await;
-    wait_for_slots(&client, &["datum_p"], &host).await;
+    wait_for_slots(client, &["datum_p"], &host).await;
 
     // A writer: transactions of 3 rows, back to back, until told to stop.
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
@@ -305,22 +324,16 @@ async fn fifty_swaps_under_a_running_writer_lose_and_duplicate_nothing() {
         tags_seen.len() >= 10,
         "the writer's transactions went through many versions: {tags_seen:?}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_uploads_and_tokens_are_refused_and_change_nothing() {
-    let pg = cluster();
-    let client = connect(&pg.conninfo("postgres")).await;
-    client
-        .batch_execute("CREATE TABLE t (id int PRIMARY KEY, tag text)")
-        .await
-        .expect("table");
-    let dir = temp_dir("admin-refusals");
-    let port = free_port();
+    let setup = Setup::new("admin-refusals").await;
+    let (pg, _client, dir, port) = (&setup.pg, &setup.client, &setup.dir, setup.port);
     let host = Host::start(
-        &dir,
-        &config(&pg, port, "max_upload = \"8MiB\"", &tagger_transform()),
+        dir,
+        &config(pg, port, "max_upload = \"8MiB\"", &tagger_transform()),
     );
     let admin = Admin::new(port);
     admin.wait_running(&host).await;
@@ -529,22 +542,16 @@ async fn bad_uploads_and_tokens_are_refused_and_change_nothing() {
     let (status, log) = host.stop(30);
     assert!(status.success(), "{log}");
     assert!(!log.contains(TOKEN), "the token reached the log:\n{log}");
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rollback_restart_and_pause_keep_their_promises() {
-    let pg = cluster();
-    let client = connect(&pg.conninfo("postgres")).await;
-    client
-        .batch_execute("CREATE TABLE t (id int PRIMARY KEY, tag text)")
-        .await
-        .expect("table");
-    let dir = temp_dir("admin-rollback");
-    let port = free_port();
-    let config = config(&pg, port, "", &tagger_transform());
+    let setup = Setup::new("admin-rollback").await;
+    let (pg, client, dir, port) = (&setup.pg, &setup.client, &setup.dir, setup.port);
+    let config = config(pg, port, "", &tagger_transform());
     let out = dir.join("out.jsonl");
-    let host = Host::start(&dir, &config);
+    let host = Host::start(dir, &config);
     let admin = Admin::new(port);
     admin.wait_running(&host).await;
     let wasm = example_wasm("tagger");
@@ -604,7 +611,7 @@ async fn rollback_restart_and_pause_keep_their_promises() {
     // A restart keeps the active version and its history.
     let (status, log) = host.stop(30);
     assert!(status.success(), "{log}");
-    let host = Host::start(&dir, &config);
+    let host = Host::start(dir, &config);
     admin.wait_running(&host).await;
     let (version, _) = admin.active_version("tagger").await;
     assert_eq!(version, v2);
@@ -688,26 +695,20 @@ async fn rollback_restart_and_pause_keep_their_promises() {
     assert_eq!(ids, (1..=12).collect::<Vec<_>>());
     let (status, log) = host.stop(30);
     assert!(status.success(), "{log}");
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_openapi_status_and_dead_letters() {
-    let pg = cluster();
-    let client = connect(&pg.conninfo("postgres")).await;
-    client
-        .batch_execute("CREATE TABLE t (id int PRIMARY KEY, tag text)")
-        .await
-        .expect("table");
-    let dir = temp_dir("admin-metrics");
-    let port = free_port();
+    let setup = Setup::new("admin-metrics").await;
+    let (pg, client, dir, port) = (&setup.pg, &setup.client, &setup.dir, setup.port);
     // The panicker fails on id = 3: that batch becomes a dead letter.
     let transforms = format!(
         "{}[[pipeline.transforms]]\nmodule = {}\n",
         tagger_transform(),
         toml_string(example_wasm_path("panicker").to_str().unwrap())
     );
-    let host = Host::start(&dir, &config(&pg, port, "", &transforms));
+    let host = Host::start(dir, &config(pg, port, "", &transforms));
     let admin = Admin::new(port);
     admin.wait_running(&host).await;
     for id in 1..=5 {
@@ -960,7 +961,7 @@ async fn metrics_openapi_status_and_dead_letters() {
     );
     let (status, log) = host.stop(30);
     assert!(status.success(), "{log}");
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// The HTTP layer alone (no pipeline): tokens, limits and the error shape,
@@ -1060,18 +1061,12 @@ async fn refusals_come_whole_even_to_a_client_still_sending() {
 /// token file: the operator's commands, end to end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn datum_admin_drives_a_host_with_a_generated_token() {
-    let pg = cluster();
-    let client = connect(&pg.conninfo("postgres")).await;
-    client
-        .batch_execute("CREATE TABLE t (id int PRIMARY KEY, tag text)")
-        .await
-        .expect("table");
-    let dir = temp_dir("admin-cli");
-    let port = free_port();
+    let setup = Setup::new("admin-cli").await;
+    let (pg, client, dir, port) = (&setup.pg, &setup.client, &setup.dir, setup.port);
     // No token in the configuration: the host generates one.
     let config =
-        config(&pg, port, "", &tagger_transform()).replace(&format!("token = \"{TOKEN}\"\n"), "");
-    let host = Host::start(&dir, &config);
+        config(pg, port, "", &tagger_transform()).replace(&format!("token = \"{TOKEN}\"\n"), "");
+    let host = Host::start(dir, &config);
     Admin::new(port).wait_running(&host).await;
     let token_file = dir.join("state.redb.admin-token");
     let token = std::fs::read_to_string(&token_file).expect("the generated token file");
@@ -1184,5 +1179,5 @@ async fn datum_admin_drives_a_host_with_a_generated_token() {
     // With the host gone, the client says it could not reach it.
     let (code, _, err) = datum(&["status"]);
     assert_eq!(code, Some(2), "{err}");
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir);
 }
