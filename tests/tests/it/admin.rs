@@ -964,24 +964,26 @@ async fn metrics_openapi_status_and_dead_letters() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// The HTTP layer alone (no pipeline): tokens, limits and the error shape,
-/// with the server in-process.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn refusals_come_whole_even_to_a_client_still_sending() {
-    let dir = temp_dir("admin-http");
-    let port = free_port();
-    let spec: datum::config::Config = datum::config::Config::parse(&format!(
-        "[admin]\nlisten = \"127.0.0.1:{port}\"\ntoken = \"{TOKEN}\"\nmax_upload = \"8MiB\"\n\
-         [[pipeline]]\nname = \"x\"\nsource.url = \"postgres://localhost/x\"\nsink.type = \"stdout\"\n"
+/// An admin server with no pipeline, in-process, from an `[admin]` body.
+async fn serve_alone(
+    dir: &Path,
+    name: &str,
+    admin: &str,
+) -> Result<tokio::task::JoinHandle<()>, String> {
+    let config = datum::config::Config::parse(&format!(
+        "[admin]\n{admin}\n[[pipeline]]\nname = \"x\"\nsource.url = \"postgres://localhost/x\"\n\
+         sink.type = \"stdout\"\n"
     ))
     .expect("config");
-    let store =
-        std::sync::Arc::new(datum::checkpoint::Store::open(dir.join("state.redb")).expect("store"));
+    let state = dir.join(format!("{name}.redb"));
+    let store = std::sync::Arc::new(datum::checkpoint::Store::open(&state).expect("store"));
     let engine = datum::transform::Engine::new(Default::default()).expect("engine");
-    let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let _server = datum::admin::serve(
-        spec.admin.as_ref().expect("admin"),
-        dir.join("state.redb").to_str().unwrap(),
+    // The server stops when its stop channel's sender goes: keep it.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    std::mem::forget(stop_tx);
+    datum::admin::serve(
+        config.admin.as_ref().expect("admin"),
+        state.to_str().unwrap(),
         datum::admin::Host {
             pipelines: Vec::new(),
             store,
@@ -990,30 +992,59 @@ async fn refusals_come_whole_even_to_a_client_still_sending() {
         stop_rx,
     )
     .await
+}
+
+/// The HTTP layer alone (no pipeline): tokens, limits and the error shape,
+/// with the server in-process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_come_whole_even_to_a_client_still_sending() {
+    let dir = temp_dir("admin-http");
+    let port = free_port();
+    let _server = serve_alone(
+        &dir,
+        "one",
+        &format!("listen = \"127.0.0.1:{port}\"\ntoken = \"{TOKEN}\"\nmax_upload = \"8MiB\""),
+    )
+    .await
     .expect("serve");
     // No token, and not loopback: refused.
-    let open: datum::config::Config = datum::config::Config::parse(
-        "[admin]\nlisten = \"0.0.0.0:0\"\n[[pipeline]]\nname = \"x\"\n\
-         source.url = \"postgres://localhost/x\"\nsink.type = \"stdout\"\n",
-    )
-    .expect("config");
-    let (_stop2, stop_rx2) = tokio::sync::watch::channel(false);
-    let refused = datum::admin::serve(
-        open.admin.as_ref().expect("admin"),
-        dir.join("other.redb").to_str().unwrap(),
-        datum::admin::Host {
-            pipelines: Vec::new(),
-            store: std::sync::Arc::new(
-                datum::checkpoint::Store::open(dir.join("other.redb")).expect("store"),
-            ),
-            engine: datum::transform::Engine::new(Default::default()).expect("engine"),
-        },
-        stop_rx2,
-    )
-    .await;
-    match refused {
+    match serve_alone(&dir, "two", "listen = \"0.0.0.0:0\"").await {
         Err(message) => assert!(message.contains("without a token"), "{message}"),
         Ok(_) => panic!("listened on 0.0.0.0 without a token"),
+    }
+    // A client too slow to send its body gets 408 at request_timeout.
+    let slow_port = free_port();
+    let _slow = serve_alone(
+        &dir,
+        "three",
+        &format!(
+            "listen = \"127.0.0.1:{slow_port}\"\ntoken = \"{TOKEN}\"\nrequest_timeout = \"300ms\""
+        ),
+    )
+    .await
+    .expect("serve");
+    {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", slow_port))
+            .await
+            .expect("connect");
+        let head = format!(
+            "POST /v1/pipelines/p/modules/m/versions HTTP/1.1\r\nHost: localhost\r\n\
+             Authorization: Bearer {TOKEN}\r\nContent-Length: 1000\r\n\r\n0123456789"
+        );
+        stream.write_all(head.as_bytes()).await.expect("write");
+        let started = Instant::now();
+        let mut answer = Vec::new();
+        let _ =
+            tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer)).await;
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+        assert!(answer.contains("\"timeout\""), "{answer}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     let admin = Admin::new(port);
