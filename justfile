@@ -71,12 +71,24 @@ lint:
     cargo fmt --all -- --check
     cargo clippy --workspace --all-targets -- -D warnings
 
-# Benchmarks, each figure beside a baseline measured in the same run.
+# Benchmarks on a throwaway cluster, each figure beside a baseline measured in
+# the same run (`just bench --quick` in under 2 minutes; `--only latency`,
+# `--changes N`, `--reps N`: see docs/benchmarks.md).
 bench *ARGS: _pg _wasm-target
-    @echo "== test harness: a cluster per test against a database per test"
-    cargo run --release -q -p datum-tests --bin harness-cost {{ARGS}}
-    @echo "== transforms: identity and mask_pii against a native encode+decode"
-    cargo bench -p datum --bench transform
+    #!/usr/bin/env bash
+    set -euo pipefail
+    cargo build -q --release -p datum --bin datum
+    cargo build -q --release -p datum-tests --bin bench
+    for module in identity mask_pii filter_rows project_columns; do
+        cargo build -q --release --target wasm32-wasip1 -p "example-$module"
+    done
+    "${CARGO_TARGET_DIR:-target}/release/bench" {{ARGS}}
+    if [ -z "{{ARGS}}" ]; then
+        echo "== transforms in-process: identity and mask_pii against a native encode+decode"
+        cargo bench -p datum --bench transform
+        echo "== test harness: a cluster per test against a database per test"
+        cargo run --release -q -p datum-tests --bin harness-cost
+    fi
 
 # Fail early, saying what to install, when PostgreSQL is missing.
 _pg:

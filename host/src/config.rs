@@ -137,10 +137,37 @@ pub struct PipelineSpec {
     /// Batches in flight between stages (source → transforms → sink).
     #[serde(default = "default_in_flight")]
     pub in_flight: Count,
+    /// How long the checkpoint commit waits for more acknowledgements
+    /// before committing ("0ms": commit at once).
+    #[serde(default)]
+    pub group_commit: GroupCommit,
 }
 
 fn default_in_flight() -> Count {
     Count(4)
+}
+
+/// `group_commit`: a duration, or `"off"` (commit as soon as a batch is
+/// acknowledged).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupCommit(pub Duration);
+
+impl Default for GroupCommit {
+    fn default() -> Self {
+        GroupCommit(crate::checkpoint::CommitPolicy::default().group_delay)
+    }
+}
+
+impl<'de> Deserialize<'de> for GroupCommit {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<GroupCommit, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        if text.trim() == "off" {
+            return Ok(GroupCommit(Duration::ZERO));
+        }
+        text.parse::<Span>()
+            .map(|span| GroupCommit(span.0))
+            .map_err(|err| de::Error::custom(format!("{err}, or \"off\"")))
+    }
 }
 
 /// `[pipeline.source]`.
@@ -702,6 +729,7 @@ sink.type = "stdout"
         assert_eq!(p.publication(), "datum_orders");
         assert_eq!(p.on_error, OnError::Fail);
         assert_eq!(p.in_flight, Count(4));
+        assert_eq!(p.group_commit, GroupCommit(Duration::from_millis(5)));
         assert!(p.transforms.is_empty());
         assert!(p.source.terminate_stale_holder);
         assert_eq!(p.batch.limits(), BatchLimits::default());
@@ -723,6 +751,7 @@ state = "/var/lib/datum/state.redb"
 name = "orders"
 on_error = "dead_letter"
 in_flight = 8
+group_commit = "off"
 source = { url = "host=db dbname=app", publication = "p", slot = "s", tables = ["public.orders"], publish_via_partition_root = true, terminate_stale_holder = false, recreate_slot = true }
 batch = { max_rows = 500, max_bytes = "1MiB" }
 
@@ -743,6 +772,7 @@ retry_max = "1m"
         let config = Config::parse(text).expect("parses");
         let p = &config.pipeline[0];
         assert_eq!(p.on_error, OnError::DeadLetter);
+        assert_eq!(p.group_commit, GroupCommit(Duration::ZERO));
         assert_eq!(p.batch.limits().max_bytes, 1 << 20);
         let limits = p.transforms[0].limits.limits();
         assert_eq!(limits.timeout, Duration::from_millis(250));
@@ -770,6 +800,8 @@ retry_max = "1m"
         assert!(e.contains("typo") && e.contains("line 5"), "{e}");
         let e = error(&format!("{MINIMAL}on_error = \"retry\"\n"));
         assert!(e.contains("retry") && e.contains("fail"), "{e}");
+        let e = error(&format!("{MINIMAL}group_commit = \"soon\"\n"));
+        assert!(e.contains("soon") && e.contains("\"off\""), "{e}");
         let e = error(&format!("{MINIMAL}batch.max_bytes = \"8 parsecs\"\n"));
         assert!(e.contains("not a size") && e.contains("line 6"), "{e}");
         let e = error(&MINIMAL.replace("\"orders\"", "\"Orders!\""));

@@ -7,6 +7,7 @@
 pub mod admin;
 pub mod admin_client;
 pub mod batch;
+pub mod budget;
 pub mod checkpoint;
 pub mod config;
 pub mod demo;

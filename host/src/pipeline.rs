@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
 use crate::batch::Batch;
+use crate::budget;
 use crate::checkpoint::{self, CheckpointError, CommitPolicy, Offset, Store};
 use crate::config::OnError;
 use crate::feedback::Feedback;
@@ -197,6 +198,11 @@ pub struct Replay {
 }
 
 /// What the transform stage hands the sink stage.
+/// Most batches the sink writes as one group.
+const GROUP_MAX_BATCHES: usize = 1024;
+/// A group is closed once its batches' data reaches this size.
+const GROUP_MAX_BYTES: usize = 8 * 1024 * 1024;
+
 enum Staged {
     Ready(Transformed),
     Failed(Batch, ChainError),
@@ -255,9 +261,14 @@ pub async fn run<S: Sink>(
         config.commit,
         stopped(commits_stopped),
     ));
+    // Each channel holds `in_flight` batches' worth of bytes (at the
+    // source's batch limit) rather than `in_flight` batches: small
+    // transactions queue up while a stage is busy and are then taken in one
+    // go — the sink writes them as one group, one fsync.
     let capacity = config.channel_capacity.max(1);
-    let (source_tx, source_rx) = mpsc::channel(capacity);
-    let (staged_tx, mut staged_rx) = mpsc::channel(capacity);
+    let bytes = capacity.saturating_mul(config.source.limits.max_bytes.max(1));
+    let (source_tx, source_rx) = budget::channel(capacity * GROUP_MAX_BATCHES, bytes);
+    let (staged_tx, mut staged_rx) = budget::channel(capacity * GROUP_MAX_BATCHES, bytes);
     let mut source_task = tokio::spawn(source::stream::run(
         config.source.clone(),
         offset.end_lsn,
@@ -293,8 +304,15 @@ pub async fn run<S: Sink>(
             None => std::future::pending().await,
         }
     };
+    // Batches taken from the channel but not yet delivered, and how many at
+    // its front must go one at a time (a group write failed).
+    let mut queue: std::collections::VecDeque<Staged> = std::collections::VecDeque::new();
+    let mut singly = 0usize;
     let outcome: Result<(), PipelineError> = loop {
-        let staged = tokio::select! {
+        let staged = if let Some(staged) = queue.pop_front() {
+            Some(staged)
+        } else {
+            tokio::select! {
             biased;
             _ = shutdown.as_mut(), if deadline.is_none() => {
                 // Stop reading; what is in flight still reaches the sink.
@@ -316,6 +334,7 @@ pub async fn run<S: Sink>(
                 continue;
             }
             staged = staged_rx.recv() => staged,
+            }
         };
         let Some(staged) = staged else {
             // The source ended (stopped, or a definite error) and the
@@ -358,6 +377,59 @@ pub async fn run<S: Sink>(
                     Err(err) => break Err(err),
                 }
             }
+        };
+        // Whatever else is waiting goes to the sink with it, as one write.
+        let transformed = if singly > 0 {
+            singly -= 1;
+            transformed
+        } else {
+            let mut group = vec![transformed];
+            let mut bytes = group[0].source.bytes;
+            while group.len() < GROUP_MAX_BATCHES && bytes < GROUP_MAX_BYTES {
+                let next = match queue.pop_front() {
+                    Some(staged) => staged,
+                    None => match staged_rx.try_recv() {
+                        Some(staged) => staged,
+                        None => break,
+                    },
+                };
+                match next {
+                    Staged::Ready(next) => {
+                        bytes += next.source.bytes;
+                        group.push(next);
+                    }
+                    failed => {
+                        queue.push_front(failed);
+                        break;
+                    }
+                }
+            }
+            if group.len() > 1 {
+                match sink.write_group(&group).await {
+                    Ok(()) => {
+                        counters
+                            .bytes_written
+                            .store(sink.bytes_written(), Ordering::Relaxed);
+                        for transformed in &group {
+                            counters.batches_written.fetch_add(1, Ordering::Relaxed);
+                            counters
+                                .changes_written
+                                .fetch_add(transformed.len() as u64, Ordering::Relaxed);
+                            feedback.ack(transformed.txn());
+                        }
+                    }
+                    Err(err) => {
+                        // Each again on its own, with retries and `on_error`.
+                        tracing::debug!(pipeline = %name, error = %err, batches = group.len(), "group write failed; writing its batches one at a time");
+                        singly = group.len();
+                        for transformed in group.into_iter().rev() {
+                            queue.push_front(Staged::Ready(transformed));
+                        }
+                    }
+                }
+                continue;
+            }
+            group.pop().expect("the group's first batch")
         };
         let mut delay = config.sink_retry_initial;
         let written = loop {
@@ -445,8 +517,8 @@ fn spawn_transforms(
     name: &str,
     active: &Arc<ActiveChain>,
     resume_after: source::Lsn,
-    mut input: mpsc::Receiver<Batch>,
-    output: mpsc::Sender<Staged>,
+    mut input: budget::Receiver<Batch>,
+    output: budget::Sender<Staged>,
     counters: &Arc<PipelineStats>,
 ) -> std::thread::JoinHandle<()> {
     let active = active.clone();
@@ -489,6 +561,7 @@ fn spawn_transforms(
                 if batch.txn.last {
                     boundary = source::Lsn(batch.txn.end_lsn);
                 }
+                let bytes = batch.bytes;
                 let staged = if empty {
                     Staged::Ready(Transformed::untouched(batch))
                 } else {
@@ -503,7 +576,7 @@ fn spawn_transforms(
                         Err(error) => Staged::Failed(batch, error),
                     }
                 };
-                if output.blocking_send(staged).is_err() {
+                if runtime.block_on(output.send(staged, bytes)).is_err() {
                     break;
                 }
             }

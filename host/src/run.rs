@@ -75,6 +75,15 @@ impl Sink for AnySink {
         }
     }
 
+    async fn write_group(&mut self, batches: &[Transformed]) -> Result<(), SinkError> {
+        match self {
+            AnySink::Stdout(sink) => sink.write_group(batches).await,
+            AnySink::File(sink) => sink.write_group(batches).await,
+            AnySink::Http(sink) => sink.write_group(batches).await,
+            AnySink::Postgres(sink) => sink.write_group(batches).await,
+        }
+    }
+
     fn bytes_written(&self) -> u64 {
         match self {
             AnySink::Stdout(sink) => sink.bytes_written(),
@@ -245,6 +254,7 @@ async fn prepare_pipeline(
     config.chain = chain;
     config.on_error = spec.on_error;
     config.channel_capacity = spec.in_flight.0;
+    config.commit.group_delay = spec.group_commit.0;
     if let SinkSpec::Http {
         retry_initial,
         retry_max,

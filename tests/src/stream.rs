@@ -10,7 +10,7 @@ use datum::feedback::Feedback;
 use datum::source::stream::SourceStats;
 use datum::source::{Lsn, SourceConfig, SourceError};
 use datum_guest::Value;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::Cluster;
@@ -19,7 +19,7 @@ use crate::Cluster;
 #[allow(missing_debug_implementations)]
 pub struct Running {
     /// Batches as the source emits them.
-    pub rx: mpsc::Receiver<Batch>,
+    pub rx: datum::budget::Receiver<Batch>,
     /// The feedback coordinator the source registers batches with.
     pub feedback: Arc<Feedback>,
     /// The source's counters.
@@ -52,7 +52,7 @@ impl Running {
 
     /// Starts streaming without preparing.
     pub fn start_prepared(config: SourceConfig, resume_after: Lsn, capacity: usize) -> Running {
-        let (tx, rx) = mpsc::channel(capacity);
+        let (tx, rx) = datum::budget::channel(capacity, usize::MAX);
         let feedback = Feedback::new(Offset {
             end_lsn: resume_after,
             ..Offset::default()

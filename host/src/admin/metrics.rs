@@ -107,6 +107,17 @@ pub fn render(pipelines: &[Arc<PipelineControl>], store: &Store) -> String {
         );
     }
 
+    f.header(
+        "datum_checkpoint_commits_total",
+        "counter",
+        "Durable commits of the state file's offsets (all pipelines).",
+    );
+    f.sample(
+        "datum_checkpoint_commits_total",
+        &[],
+        store.commits() as f64,
+    );
+
     type Counter = fn(&PipelineControl) -> u64;
     let counters: [(&str, &str, Counter); 10] = [
         ("datum_batches_in_total", "Batches from the source.", |p| {

@@ -1,8 +1,9 @@
 //! The `file` sink: JSON lines appended to a file, fsynced before each
 //! acknowledgement, optionally rotated by size.
 //!
-//! A batch is never split across files: rotation happens before a batch once
-//! the live file has reached the limit. The live file is always `PATH`; full
+//! A batch is never split across files: rotation happens before a batch (or
+//! a group of batches written together) once the live file has reached the
+//! limit. A group of batches shares one write and one fsync. The live file is always `PATH`; full
 //! ones are renamed `PATH.1`, `PATH.2`, ... (the next free number), and the
 //! directory is fsynced so the rename survives a crash. After a crash the
 //! un-checkpointed tail is written again, so the file holds every transaction
@@ -150,8 +151,16 @@ impl State {
 
 impl Sink for FileSink {
     async fn write(&mut self, batch: &Transformed) -> Result<(), SinkError> {
+        self.write_group(std::slice::from_ref(batch)).await
+    }
+
+    /// One write and one fsync for the whole group; rotation treats the
+    /// group as one batch (never split across files).
+    async fn write_group(&mut self, batches: &[Transformed]) -> Result<(), SinkError> {
         self.buffer.clear();
-        jsonl::render(batch, &mut self.buffer);
+        for batch in batches {
+            jsonl::render(batch, &mut self.buffer);
+        }
         if self.buffer.is_empty() {
             return Ok(());
         }

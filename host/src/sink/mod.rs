@@ -53,6 +53,25 @@ pub trait Sink: Send {
     /// arrives again, so a sink should be idempotent or tolerate replays.
     fn write(&mut self, batch: &Transformed) -> impl Future<Output = Result<(), SinkError>> + Send;
 
+    /// Writes several batches, in order, and returns once all of them are
+    /// durable: one flush or fsync for the lot where the destination allows
+    /// it (the pipeline groups the batches that are waiting when the sink is
+    /// free, so many small transactions share one fsync). On an error any
+    /// prefix of them may have been written; the pipeline then writes them
+    /// again one at a time, with retries and `on_error` per batch. The
+    /// default writes them one by one.
+    fn write_group(
+        &mut self,
+        batches: &[Transformed],
+    ) -> impl Future<Output = Result<(), SinkError>> + Send {
+        async move {
+            for batch in batches {
+                self.write(batch).await?;
+            }
+            Ok(())
+        }
+    }
+
     /// Bytes written so far, for sinks that count them (0 otherwise).
     fn bytes_written(&self) -> u64 {
         0
@@ -62,6 +81,13 @@ pub trait Sink: Send {
 impl<S: Sink> Sink for &mut S {
     fn write(&mut self, batch: &Transformed) -> impl Future<Output = Result<(), SinkError>> + Send {
         (**self).write(batch)
+    }
+
+    fn write_group(
+        &mut self,
+        batches: &[Transformed],
+    ) -> impl Future<Output = Result<(), SinkError>> + Send {
+        (**self).write_group(batches)
     }
 
     fn bytes_written(&self) -> u64 {

@@ -40,14 +40,21 @@ impl StdoutSink {
 
 impl Sink for StdoutSink {
     async fn write(&mut self, batch: &Transformed) -> Result<(), SinkError> {
+        self.write_group(std::slice::from_ref(batch)).await
+    }
+
+    /// One flush for the whole group.
+    async fn write_group(&mut self, batches: &[Transformed]) -> Result<(), SinkError> {
         self.buffer.clear();
-        match self.pretty {
-            Some(style) => {
-                let mut text = String::new();
-                pretty::render(batch, style, &mut text);
-                self.buffer.extend_from_slice(text.as_bytes());
+        for batch in batches {
+            match self.pretty {
+                Some(style) => {
+                    let mut text = String::new();
+                    pretty::render(batch, style, &mut text);
+                    self.buffer.extend_from_slice(text.as_bytes());
+                }
+                None => jsonl::render(batch, &mut self.buffer),
             }
-            None => jsonl::render(batch, &mut self.buffer),
         }
         let mut out = std::io::stdout().lock();
         out.write_all(&self.buffer)

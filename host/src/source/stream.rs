@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use crate::budget;
 use tokio::time::{Interval, MissedTickBehavior};
 
 use super::assembler::Assembler;
@@ -69,7 +69,7 @@ type Shutdown<'a> = Pin<&'a mut (dyn Future<Output = ()> + Send)>;
 pub async fn run(
     config: SourceConfig,
     resume_after: Lsn,
-    out: mpsc::Sender<Batch>,
+    out: budget::Sender<Batch>,
     feedback: Arc<Feedback>,
     stats: Arc<SourceStats>,
     shutdown: impl Future<Output = ()> + Send,
@@ -132,7 +132,7 @@ fn jitter(delay: Duration) -> Duration {
 struct Session<'a> {
     config: &'a SourceConfig,
     assembler: &'a mut Assembler,
-    out: &'a mpsc::Sender<Batch>,
+    out: &'a budget::Sender<Batch>,
     feedback: &'a Feedback,
     stats: &'a SourceStats,
     received: Lsn,
@@ -269,7 +269,7 @@ impl Session<'_> {
             tokio::select! {
                 biased;
                 _ = shutdown.as_mut() => return Ok(Flow::Stop),
-                permit = self.out.reserve() => {
+                permit = self.out.reserve(batch.bytes) => {
                     let Ok(permit) = permit else {
                         // The consumer is gone: nothing left to stream for.
                         return Ok(Flow::Stop);

@@ -794,6 +794,10 @@ async fn metrics_openapi_status_and_dead_letters() {
         value("datum_up", &[("pipeline", "p"), ("state", "running")]),
         Some(1.0)
     );
+    assert!(
+        value("datum_checkpoint_commits_total", &[]).is_some_and(|v| v >= 1.0),
+        "{text}"
+    );
     let histogram = scrape
         .samples
         .iter()

@@ -551,7 +551,21 @@ async fn a_lost_slot_is_an_error_and_recreating_it_says_a_resync_is_needed() {
     let checkpoint = stored_in(&store);
     assert!(checkpoint > 0);
 
-    // Dropped.
+    // Dropped (once its walsender, which exits just after the pipeline
+    // disconnected, has let go of it).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while client
+        .query_one(
+            "SELECT active FROM pg_replication_slots WHERE slot_name = 'slot'",
+            &[],
+        )
+        .await
+        .expect("slot state")
+        .get::<_, bool>(0)
+    {
+        assert!(Instant::now() < deadline, "the slot stayed active");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     client
         .query("SELECT pg_drop_replication_slot('slot')", &[])
         .await
