@@ -534,7 +534,11 @@ fn spawn_transforms(
             // whether we are between transactions (not between chunks).
             let mut boundary = resume_after;
             let mut between = true;
-            loop {
+            // Outputs of the batches that were waiting, sent together so that
+            // the sink wakes once for all of them.
+            let mut outputs: Vec<(Staged, usize)> = Vec::new();
+            let mut held = 0usize;
+            'stream: loop {
                 let next = runtime.block_on(async {
                     tokio::select! {
                         biased;
@@ -542,7 +546,7 @@ fn spawn_transforms(
                         batch = input.recv() => Some(batch),
                     }
                 });
-                let batch = match next {
+                let mut batch = match next {
                     None => {
                         if active.pending() {
                             chain = active.adopt(boundary);
@@ -553,31 +557,45 @@ fn spawn_transforms(
                     Some(None) => break,
                     Some(Some(batch)) => batch,
                 };
-                if between && active.pending() {
-                    chain = active.adopt(boundary);
-                    empty = chain.modules().next().is_none();
-                }
-                between = batch.txn.last;
-                if batch.txn.last {
-                    boundary = source::Lsn(batch.txn.end_lsn);
-                }
-                let bytes = batch.bytes;
-                let staged = if empty {
-                    Staged::Ready(Transformed::untouched(batch))
-                } else {
-                    let started = Instant::now();
-                    let result = chain.run_ref(&batch);
-                    counters.observe_transform(started.elapsed().as_micros() as u64);
-                    match result {
-                        Ok(items) => Staged::Ready(Transformed {
-                            source: batch,
-                            items,
-                        }),
-                        Err(error) => Staged::Failed(batch, error),
+                loop {
+                    if between && active.pending() {
+                        chain = active.adopt(boundary);
+                        empty = chain.modules().next().is_none();
                     }
-                };
-                if runtime.block_on(output.send(staged, bytes)).is_err() {
-                    break;
+                    between = batch.txn.last;
+                    if batch.txn.last {
+                        boundary = source::Lsn(batch.txn.end_lsn);
+                    }
+                    let bytes = batch.bytes;
+                    let staged = if empty {
+                        Staged::Ready(Transformed::untouched(batch))
+                    } else {
+                        let started = Instant::now();
+                        let result = chain.run_ref(&batch);
+                        counters.observe_transform(started.elapsed().as_micros() as u64);
+                        match result {
+                            Ok(items) => Staged::Ready(Transformed {
+                                source: batch,
+                                items,
+                            }),
+                            Err(error) => Staged::Failed(batch, error),
+                        }
+                    };
+                    outputs.push((staged, bytes));
+                    held += bytes;
+                    if outputs.len() >= GROUP_MAX_BATCHES || held >= GROUP_MAX_BYTES {
+                        break;
+                    }
+                    match input.try_recv() {
+                        Some(next) => batch = next,
+                        None => break,
+                    }
+                }
+                held = 0;
+                for (staged, bytes) in outputs.drain(..) {
+                    if runtime.block_on(output.send(staged, bytes)).is_err() {
+                        break 'stream;
+                    }
                 }
             }
             active.detach(boundary);

@@ -411,6 +411,17 @@ impl Connection {
         }
     }
 
+    /// Whether a whole message is already buffered, so that [`recv`] would
+    /// not wait for the socket.
+    ///
+    /// [`recv`]: Connection::recv
+    pub(crate) fn has_message(&self) -> bool {
+        self.rbuf.len() >= 5 && {
+            let len = u32::from_be_bytes([self.rbuf[1], self.rbuf[2], self.rbuf[3], self.rbuf[4]]);
+            self.rbuf.len() > len as usize
+        }
+    }
+
     /// Receives the next frame of the replication stream. Cancel-safe: a
     /// frame is either returned whole or left in the buffer.
     pub(crate) async fn recv(&mut self) -> Result<Frame, SourceError> {

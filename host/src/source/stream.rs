@@ -57,6 +57,9 @@ pub struct SourceStats {
     pub walsender_pid: AtomicU64,
 }
 
+/// Most batches held back to go downstream together.
+const PENDING_MAX: usize = 256;
+
 type Shutdown<'a> = Pin<&'a mut (dyn Future<Output = ()> + Send)>;
 
 /// Streams from the slot until `shutdown` completes, the receiver of `out`
@@ -181,7 +184,24 @@ impl Session<'_> {
 
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut pending: Vec<Batch> = Vec::new();
         loop {
+            // Batches assembled from what one read brought go downstream
+            // together, before waiting for the socket again: the next stage
+            // wakes once for all of them, not once per small transaction.
+            // At most PENDING_MAX batches or one batch's worth of bytes.
+            if !pending.is_empty()
+                && (!conn.has_message()
+                    || pending.len() >= PENDING_MAX
+                    || pending.iter().map(|b| b.bytes).sum::<usize>() >= config.limits.max_bytes)
+                && let Flow::Stop = self
+                    .deliver_pending(&mut pending, &mut conn, &mut tick, shutdown.as_mut())
+                    .await?
+            {
+                self.send_status(&mut conn, false).await?;
+                conn.close().await;
+                return Ok(());
+            }
             tokio::select! {
                 biased;
                 _ = shutdown.as_mut() => {
@@ -205,17 +225,21 @@ impl Session<'_> {
                                 }
                             }
                             if let Some(batch) = self.assembler.push(message)? {
-                                let flow = self
-                                    .deliver(batch, &mut conn, &mut tick, shutdown.as_mut())
-                                    .await?;
-                                if let Flow::Stop = flow {
-                                    self.send_status(&mut conn, false).await?;
-                                    conn.close().await;
-                                    return Ok(());
-                                }
+                                pending.push(batch);
                             }
                         }
                         Frame::Keepalive { wal_end, reply } => {
+                            // Batches before it are delivered (registered
+                            // with the coordinator) before an idle position
+                            // can pass them.
+                            if let Flow::Stop = self
+                                .deliver_pending(&mut pending, &mut conn, &mut tick, shutdown.as_mut())
+                                .await?
+                            {
+                                self.send_status(&mut conn, false).await?;
+                                conn.close().await;
+                                return Ok(());
+                            }
                             if !self.assembler.in_transaction() {
                                 self.advance(wal_end);
                                 // DESIGN.md §2.4: nothing open, nothing
@@ -253,6 +277,22 @@ impl Session<'_> {
             .await?;
         self.stats.confirmed_lsn.store(flushed.0, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Sends every pending batch downstream, in order.
+    async fn deliver_pending(
+        &mut self,
+        pending: &mut Vec<Batch>,
+        conn: &mut Connection,
+        tick: &mut Interval,
+        mut shutdown: Shutdown<'_>,
+    ) -> Result<Flow, SourceError> {
+        for batch in pending.drain(..) {
+            if let Flow::Stop = self.deliver(batch, conn, tick, shutdown.as_mut()).await? {
+                return Ok(Flow::Stop);
+            }
+        }
+        Ok(Flow::Continue)
     }
 
     /// Sends a batch downstream, answering the server on schedule while the
