@@ -147,3 +147,11 @@ pub struct Batch {
     /// Approximate size of the changes' data, in bytes.
     pub bytes: usize,
 }
+
+impl Batch {
+    /// What this batch counts against the byte budgets between stages
+    /// ([`crate::budget::cost`]).
+    pub fn cost(&self, limits: crate::source::assembler::BatchLimits) -> usize {
+        crate::budget::cost(self.bytes, self.changes.len(), limits)
+    }
+}

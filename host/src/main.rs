@@ -10,12 +10,6 @@ use clap::Parser;
 use datum::source::check;
 use datum::{golden, record, scaffold};
 
-/// mimalloc rather than glibc's malloc: batches are allocated on one thread
-/// (the source) and freed on another (the sink), which glibc's per-thread
-/// arenas handle poorly; `just bench` measured the difference.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     // The demo's screen is its output: only warnings go to the log unless

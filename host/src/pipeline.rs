@@ -198,10 +198,9 @@ pub struct Replay {
 }
 
 /// What the transform stage hands the sink stage.
-/// Most batches the sink writes as one group.
+/// Most batches the sink writes as one group (a group also closes at one
+/// full batch's cost, `budget::cost`).
 const GROUP_MAX_BATCHES: usize = 1024;
-/// A group is closed once its batches' data reaches this size.
-const GROUP_MAX_BYTES: usize = 8 * 1024 * 1024;
 
 enum Staged {
     Ready(Transformed),
@@ -266,7 +265,8 @@ pub async fn run<S: Sink>(
     // transactions queue up while a stage is busy and are then taken in one
     // go — the sink writes them as one group, one fsync.
     let capacity = config.channel_capacity.max(1);
-    let bytes = capacity.saturating_mul(config.source.limits.max_bytes.max(1));
+    let limits = config.source.limits;
+    let bytes = capacity.saturating_mul(limits.max_bytes.max(1));
     let (source_tx, source_rx) = budget::channel(capacity * GROUP_MAX_BATCHES, bytes);
     let (staged_tx, mut staged_rx) = budget::channel(capacity * GROUP_MAX_BATCHES, bytes);
     let mut source_task = tokio::spawn(source::stream::run(
@@ -283,6 +283,7 @@ pub async fn run<S: Sink>(
         offset.end_lsn,
         source_rx,
         staged_tx,
+        limits,
         &counters,
     );
     let (replay_tx, mut replay_rx) = mpsc::channel::<Replay>(1);
@@ -384,8 +385,8 @@ pub async fn run<S: Sink>(
             transformed
         } else {
             let mut group = vec![transformed];
-            let mut bytes = group[0].source.bytes;
-            while group.len() < GROUP_MAX_BATCHES && bytes < GROUP_MAX_BYTES {
+            let mut bytes = group[0].source.cost(limits);
+            while group.len() < GROUP_MAX_BATCHES && bytes < limits.max_bytes {
                 let next = match queue.pop_front() {
                     Some(staged) => staged,
                     None => match staged_rx.try_recv() {
@@ -395,7 +396,7 @@ pub async fn run<S: Sink>(
                 };
                 match next {
                     Staged::Ready(next) => {
-                        bytes += next.source.bytes;
+                        bytes += next.source.cost(limits);
                         group.push(next);
                     }
                     failed => {
@@ -519,6 +520,7 @@ fn spawn_transforms(
     resume_after: source::Lsn,
     mut input: budget::Receiver<Batch>,
     output: budget::Sender<Staged>,
+    limits: source::assembler::BatchLimits,
     counters: &Arc<PipelineStats>,
 ) -> std::thread::JoinHandle<()> {
     let active = active.clone();
@@ -566,7 +568,7 @@ fn spawn_transforms(
                     if batch.txn.last {
                         boundary = source::Lsn(batch.txn.end_lsn);
                     }
-                    let bytes = batch.bytes;
+                    let bytes = batch.cost(limits);
                     let staged = if empty {
                         Staged::Ready(Transformed::untouched(batch))
                     } else {
@@ -583,7 +585,7 @@ fn spawn_transforms(
                     };
                     outputs.push((staged, bytes));
                     held += bytes;
-                    if outputs.len() >= GROUP_MAX_BATCHES || held >= GROUP_MAX_BYTES {
+                    if outputs.len() >= GROUP_MAX_BATCHES || held >= limits.max_bytes {
                         break;
                     }
                     match input.try_recv() {

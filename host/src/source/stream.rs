@@ -189,11 +189,12 @@ impl Session<'_> {
             // Batches assembled from what one read brought go downstream
             // together, before waiting for the socket again: the next stage
             // wakes once for all of them, not once per small transaction.
-            // At most PENDING_MAX batches or one batch's worth of bytes.
+            // At most PENDING_MAX batches or one full batch's cost.
             if !pending.is_empty()
                 && (!conn.has_message()
                     || pending.len() >= PENDING_MAX
-                    || pending.iter().map(|b| b.bytes).sum::<usize>() >= config.limits.max_bytes)
+                    || pending.iter().map(|b| b.cost(config.limits)).sum::<usize>()
+                        >= config.limits.max_bytes)
                 && let Flow::Stop = self
                     .deliver_pending(&mut pending, &mut conn, &mut tick, shutdown.as_mut())
                     .await?
@@ -309,7 +310,7 @@ impl Session<'_> {
             tokio::select! {
                 biased;
                 _ = shutdown.as_mut() => return Ok(Flow::Stop),
-                permit = self.out.reserve(batch.bytes) => {
+                permit = self.out.reserve(batch.cost(self.config.limits)) => {
                     let Ok(permit) = permit else {
                         // The consumer is gone: nothing left to stream for.
                         return Ok(Flow::Stop);

@@ -623,3 +623,128 @@ fn stored_in(store: &Store) -> u64 {
         .map(|o| o.end_lsn.0)
         .unwrap_or(0)
 }
+
+/// A sink that records what it wrote, how many batches each write covered,
+/// fails its first group write (transiently, writing nothing) and refuses
+/// the batch holding `refuse` definitely, alone or in a group.
+#[derive(Default)]
+struct GroupSink {
+    seen: Arc<Mutex<Vec<i64>>>,
+    groups: Arc<Mutex<Vec<usize>>>,
+    failed_once: bool,
+    refuse: i64,
+}
+
+fn ids(batch: &Transformed) -> Vec<i64> {
+    batch
+        .source
+        .changes
+        .iter()
+        .filter_map(|change| match change {
+            Change::Insert { new, .. } => match new.first() {
+                Some(Value::Int(id)) => Some(*id),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+impl Sink for GroupSink {
+    async fn write(&mut self, batch: &Transformed) -> Result<(), SinkError> {
+        let ids = ids(batch);
+        if ids.contains(&self.refuse) {
+            return Err(SinkError::definite(format!("refusing {}", self.refuse)));
+        }
+        self.groups.lock().expect("lock").push(1);
+        self.seen.lock().expect("lock").extend(ids);
+        Ok(())
+    }
+
+    async fn write_group(&mut self, batches: &[Transformed]) -> Result<(), SinkError> {
+        if !self.failed_once {
+            self.failed_once = true;
+            return Err(SinkError::transient("the first group fails"));
+        }
+        let ids: Vec<i64> = batches.iter().flat_map(ids).collect();
+        if ids.contains(&self.refuse) {
+            return Err(SinkError::definite(format!("refusing {}", self.refuse)));
+        }
+        self.groups.lock().expect("lock").push(batches.len());
+        self.seen.lock().expect("lock").extend(ids);
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_transactions_share_sink_writes_and_a_failed_group_goes_batch_by_batch() {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    for statement in [
+        "CREATE TABLE t (id int8 PRIMARY KEY)",
+        "CREATE PUBLICATION pub FOR TABLE t",
+        "SELECT pg_create_logical_replication_slot('slot', 'pgoutput')",
+    ] {
+        client.batch_execute(statement).await.expect(statement);
+    }
+    // 3,000 one-row transactions waiting in the slot before the pipeline
+    // starts: they arrive faster than one fsync each could write them.
+    client
+        .batch_execute(
+            "DO $$ BEGIN FOR i IN 1..3000 LOOP INSERT INTO t VALUES (i); COMMIT; END LOOP; END $$",
+        )
+        .await
+        .expect("writes");
+    let end: String = client
+        .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+        .await
+        .expect("lsn")
+        .get(0);
+    let end: Lsn = end.parse().expect("lsn");
+
+    let dir = temp_dir("group-writes");
+    let store = Arc::new(Store::open(dir.join("state.redb")).expect("store"));
+    let sink = GroupSink {
+        refuse: 1500,
+        ..GroupSink::default()
+    };
+    let (seen, groups) = (sink.seen.clone(), sink.groups.clone());
+    let mut pipeline_config = PipelineConfig::new("p", config(&pg, "pub", "slot", &["t"]));
+    pipeline_config.on_error = datum::config::OnError::Skip;
+    pipeline_config.sink_retry_initial = Duration::from_millis(10);
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let running = tokio::spawn(pipeline::run(
+        pipeline_config,
+        store.clone(),
+        sink,
+        None,
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stored_in(&store) < end.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the checkpoint did not reach {end}: {} rows seen",
+            seen.lock().expect("lock").len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = stop_tx.send(());
+    running.await.expect("task").expect("clean stop");
+
+    // Every row once, in commit order, but the refused one (skipped).
+    let seen = seen.lock().expect("lock").clone();
+    let expected: Vec<i64> = (1..=3000).filter(|id| *id != 1500).collect();
+    assert_eq!(seen.len(), expected.len());
+    assert_eq!(seen, expected);
+    // Writes covered many transactions at a time.
+    let groups = groups.lock().expect("lock").clone();
+    assert!(
+        groups.len() < 3000 / 4,
+        "{} writes for 3,000 transactions: {groups:?}",
+        groups.len()
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
