@@ -185,6 +185,7 @@ impl Session<'_> {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut pending: Vec<Batch> = Vec::new();
+        let mut pending_cost = 0usize;
         loop {
             // Batches assembled from what one read brought go downstream
             // together, before waiting for the socket again: the next stage
@@ -193,10 +194,15 @@ impl Session<'_> {
             if !pending.is_empty()
                 && (!conn.has_message()
                     || pending.len() >= PENDING_MAX
-                    || pending.iter().map(|b| b.cost(config.limits)).sum::<usize>()
-                        >= config.limits.max_bytes)
+                    || pending_cost >= config.limits.max_bytes)
                 && let Flow::Stop = self
-                    .deliver_pending(&mut pending, &mut conn, &mut tick, shutdown.as_mut())
+                    .deliver_pending(
+                        &mut pending,
+                        &mut pending_cost,
+                        &mut conn,
+                        &mut tick,
+                        shutdown.as_mut(),
+                    )
                     .await?
             {
                 self.send_status(&mut conn, false).await?;
@@ -226,6 +232,7 @@ impl Session<'_> {
                                 }
                             }
                             if let Some(batch) = self.assembler.push(message)? {
+                                pending_cost += batch.cost(config.limits);
                                 pending.push(batch);
                             }
                         }
@@ -234,7 +241,7 @@ impl Session<'_> {
                             // with the coordinator) before an idle position
                             // can pass them.
                             if let Flow::Stop = self
-                                .deliver_pending(&mut pending, &mut conn, &mut tick, shutdown.as_mut())
+                                .deliver_pending(&mut pending, &mut pending_cost, &mut conn, &mut tick, shutdown.as_mut())
                                 .await?
                             {
                                 self.send_status(&mut conn, false).await?;
@@ -284,10 +291,12 @@ impl Session<'_> {
     async fn deliver_pending(
         &mut self,
         pending: &mut Vec<Batch>,
+        pending_cost: &mut usize,
         conn: &mut Connection,
         tick: &mut Interval,
         mut shutdown: Shutdown<'_>,
     ) -> Result<Flow, SourceError> {
+        *pending_cost = 0;
         for batch in pending.drain(..) {
             if let Flow::Stop = self.deliver(batch, conn, tick, shutdown.as_mut()).await? {
                 return Ok(Flow::Stop);

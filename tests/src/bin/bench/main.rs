@@ -806,11 +806,6 @@ impl Bench {
             mib(peak),
             mib(drained.client_peak_rss),
         ]);
-        table.row(vec![
-            "changes/s (commit to checkpoint / to exit)".into(),
-            grouped(rows as f64 / streamed.as_secs_f64()),
-            grouped(rows as f64 / drained.elapsed.as_secs_f64()),
-        ]);
         self.tables.push(table);
     }
 }
