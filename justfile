@@ -71,9 +71,9 @@ lint:
     cargo fmt --all -- --check
     cargo clippy --workspace --all-targets -- -D warnings
 
-# Benchmarks on a throwaway cluster, each figure beside a baseline measured in
-# the same run (`just bench --quick` in under 2 minutes; `--only latency`,
-# `--changes N`, `--reps N`: see docs/benchmarks.md).
+# Each figure beside a baseline measured in the same run; `--only latency`,
+# `--changes N`, `--reps N`: see docs/benchmarks.md.
+# Benchmarks against pg_recvlogical on a throwaway cluster (`--quick`: ~1 min).
 bench *ARGS: _pg _wasm-target
     #!/usr/bin/env bash
     set -euo pipefail
