@@ -421,6 +421,7 @@ pub async fn run<S: Sink>(
                     }
                     Err(err) => {
                         // Each again on its own, with retries and `on_error`.
+                        counters.sink_retries.fetch_add(1, Ordering::Relaxed);
                         tracing::debug!(pipeline = %name, error = %err, batches = group.len(), "group write failed; writing its batches one at a time");
                         singly = group.len();
                         for transformed in group.into_iter().rev() {
