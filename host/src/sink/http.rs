@@ -34,7 +34,7 @@ use reqwest::{StatusCode, Url};
 use serde::ser::{SerializeMap, Serializer};
 
 use super::{Sink, SinkError};
-use crate::json::{ChangeJson, ColumnsForm, TxnJson};
+use crate::json::{SinkChangeJson, TxnJson};
 use crate::transform::Transformed;
 
 /// The header that names the batch.
@@ -169,23 +169,19 @@ pub fn idempotency_key(txn: &Txn) -> String {
 
 /// Writes the request body of `batch` to `out` (see the module docs).
 pub fn render(batch: &Transformed, out: &mut Vec<u8>) {
-    struct Changes<'a>(&'a [datum_guest::wire::Change]);
+    struct Changes<'a>(&'a Transformed);
     impl serde::Serialize for Changes<'_> {
         fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-            serializer.collect_seq(self.0.iter().map(|change| ChangeJson {
-                change,
-                columns: ColumnsForm::KeyOnly,
-            }))
+            serializer.collect_seq(self.0.changes().map(SinkChangeJson))
         }
     }
-    let changes: Vec<_> = batch.changes().map(|c| c.to_wire()).collect();
     let mut serializer = serde_json::Serializer::new(&mut *out);
     // Every key is a string and every value serializable, and a Vec cannot
     // fail to grow: this cannot fail.
     let _ = (|| {
         let mut map = serializer.serialize_map(Some(2))?;
         map.serialize_entry("txn", &TxnJson(batch.txn()))?;
-        map.serialize_entry("changes", &Changes(&changes))?;
+        map.serialize_entry("changes", &Changes(batch))?;
         map.end()
     })();
 }

@@ -7,7 +7,7 @@
 
 use datum_guest::Txn;
 
-use crate::json::{ChangeJson, ColumnsForm, TxnJson};
+use crate::json::{SinkChangeJson, TxnJson};
 use crate::transform::Transformed;
 
 /// Appends the batch's lines to `out`.
@@ -22,16 +22,9 @@ pub fn render(batch: &Transformed, out: &mut Vec<u8>) {
     let _ = serde_json::to_writer(&mut prefix, &TxnJson(txn));
     prefix.push(b',');
     for change in batch.changes() {
-        let change = change.to_wire();
         out.extend_from_slice(&prefix);
         let start = out.len();
-        let _ = serde_json::to_writer(
-            &mut *out,
-            &ChangeJson {
-                change: &change,
-                columns: ColumnsForm::KeyOnly,
-            },
-        );
+        let _ = serde_json::to_writer(&mut *out, &SinkChangeJson(change));
         // The change is a JSON object with at least `op`: drop its `{`,
         // the line's own opened it.
         out.remove(start);
