@@ -60,6 +60,16 @@ pub struct SourceStats {
 /// Most batches held back to go downstream together.
 const PENDING_MAX: usize = 256;
 
+/// How long after a delivery downstream the next one waits for more batches
+/// to come with it. Each delivery wakes the transform thread, which wakes
+/// the sink, which writes and fsyncs: at a high rate of small transactions,
+/// delivering each as it arrives made those wake-ups and fsyncs most of the
+/// host's work. A transaction arriving after a quiet spell (longer than
+/// this) goes at once, so at low rates nothing waits; at high rates the
+/// stages wake at most about once per `LINGER` (tokio's timer rounds up to
+/// the millisecond), each time for everything that arrived meanwhile.
+const LINGER: Duration = Duration::from_millis(1);
+
 type Shutdown<'a> = Pin<&'a mut (dyn Future<Output = ()> + Send)>;
 
 /// Streams from the slot until `shutdown` completes, the receiver of `out`
@@ -186,28 +196,47 @@ impl Session<'_> {
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut pending: Vec<Batch> = Vec::new();
         let mut pending_cost = 0usize;
+        // When the last delivery went downstream, and a timer for the end
+        // of the linger after it (armed only while batches wait).
+        let mut delivered_at: Option<tokio::time::Instant> = None;
+        let linger = tokio::time::sleep(Duration::ZERO);
+        let mut linger = std::pin::pin!(linger);
+        let mut lingering = false;
         loop {
-            // Batches assembled from what one read brought go downstream
-            // together, before waiting for the socket again: the next stage
-            // wakes once for all of them, not once per small transaction.
-            // At most PENDING_MAX batches or one full batch's cost.
-            if !pending.is_empty()
-                && (!conn.has_message()
-                    || pending.len() >= PENDING_MAX
-                    || pending_cost >= config.limits.max_bytes)
-                && let Flow::Stop = self
-                    .deliver_pending(
-                        &mut pending,
-                        &mut pending_cost,
-                        &mut conn,
-                        &mut tick,
-                        shutdown.as_mut(),
-                    )
-                    .await?
-            {
-                self.send_status(&mut conn, false).await?;
-                conn.close().await;
-                return Ok(());
+            // Batches go downstream together: those assembled from what one
+            // read brought, and those that arrived during the linger after
+            // the previous delivery. At most PENDING_MAX batches or one full
+            // batch's cost.
+            if !pending.is_empty() {
+                let full = pending.len() >= PENDING_MAX || pending_cost >= config.limits.max_bytes;
+                // Nothing more buffered: the next step would wait for the
+                // socket.
+                let idle = !conn.has_message();
+                let waited = delivered_at.is_none_or(|at| at.elapsed() >= LINGER);
+                if full || (idle && waited) {
+                    lingering = false;
+                    delivered_at = Some(tokio::time::Instant::now());
+                    if let Flow::Stop = self
+                        .deliver_pending(
+                            &mut pending,
+                            &mut pending_cost,
+                            &mut conn,
+                            &mut tick,
+                            shutdown.as_mut(),
+                        )
+                        .await?
+                    {
+                        self.send_status(&mut conn, false).await?;
+                        conn.close().await;
+                        return Ok(());
+                    }
+                } else if idle
+                    && !lingering
+                    && let Some(at) = delivered_at
+                {
+                    lingering = true;
+                    linger.as_mut().reset(at + LINGER);
+                }
             }
             tokio::select! {
                 biased;
@@ -217,6 +246,7 @@ impl Session<'_> {
                     return Ok(());
                 }
                 _ = tick.tick() => self.send_status(&mut conn, false).await?,
+                () = linger.as_mut(), if lingering => lingering = false,
                 frame = conn.recv() => {
                     self.streaming = true;
                     match frame? {
