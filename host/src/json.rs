@@ -319,36 +319,52 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
     (year, month, day)
 }
 
-/// `YYYY-MM-DD`, and the era suffix (` BC` for astronomical years ≤ 0).
-fn format_ymd(days: i64) -> (String, &'static str) {
+/// Writes `YYYY-MM-DD`; returns the era suffix (` BC` for astronomical
+/// years ≤ 0, else nothing).
+fn write_ymd(out: &mut String, days: i64) -> &'static str {
+    use std::fmt::Write as _;
     let (year, month, day) = civil_from_days(days);
+    // Writing to a String cannot fail.
     if year <= 0 {
-        (format!("{:04}-{month:02}-{day:02}", 1 - year), " BC")
+        let _ = write!(out, "{:04}-{month:02}-{day:02}", 1 - year);
+        " BC"
     } else {
-        (format!("{year:04}-{month:02}-{day:02}"), "")
+        let _ = write!(out, "{year:04}-{month:02}-{day:02}");
+        ""
     }
 }
 
-/// `HH:MM:SS` and the fraction with trailing zeros removed, as PostgreSQL
-/// prints it.
-fn format_time(micros: i64) -> String {
+/// Writes `HH:MM:SS` and the fraction with trailing zeros removed, as
+/// PostgreSQL prints it.
+fn write_time(out: &mut String, micros: i64) {
+    use std::fmt::Write as _;
     let seconds = micros / USECS_PER_SEC;
-    let fraction = micros % USECS_PER_SEC;
-    let mut text = format!(
+    let _ = write!(
+        out,
         "{:02}:{:02}:{:02}",
         seconds / 3600,
         seconds / 60 % 60,
         seconds % 60
     );
-    push_fraction(&mut text, fraction);
+    push_fraction(out, micros % USECS_PER_SEC);
+}
+
+fn format_time(micros: i64) -> String {
+    let mut text = String::with_capacity(15);
+    write_time(&mut text, micros);
     text
 }
 
+/// `.` and the fraction's digits without trailing zeros (nothing for 0).
 fn push_fraction(text: &mut String, fraction: i64) {
+    use std::fmt::Write as _;
     if fraction != 0 {
-        let digits = format!("{:06}", fraction.abs());
-        text.push('.');
-        text.push_str(digits.trim_end_matches('0'));
+        let (mut digits, mut width) = (fraction.abs(), 6usize);
+        while digits % 10 == 0 {
+            digits /= 10;
+            width -= 1;
+        }
+        let _ = write!(text, ".{digits:0width$}");
     }
 }
 
@@ -358,11 +374,15 @@ pub(crate) fn format_timestamp(t: Timestamp, tz: bool) -> String {
         Timestamp::Infinity => "infinity".into(),
         Timestamp::NegInfinity => "-infinity".into(),
         Timestamp::Micros(micros) => {
-            let days = micros.div_euclid(USECS_PER_DAY);
-            let (date, era) = format_ymd(days);
-            let time = format_time(micros.rem_euclid(USECS_PER_DAY));
-            let offset = if tz { "+00" } else { "" };
-            format!("{date} {time}{offset}{era}")
+            let mut text = String::with_capacity(32);
+            let era = write_ymd(&mut text, micros.div_euclid(USECS_PER_DAY));
+            text.push(' ');
+            write_time(&mut text, micros.rem_euclid(USECS_PER_DAY));
+            if tz {
+                text.push_str("+00");
+            }
+            text.push_str(era);
+            text
         }
     }
 }
@@ -372,8 +392,10 @@ fn format_date(d: Date) -> String {
         Date::Infinity => "infinity".into(),
         Date::NegInfinity => "-infinity".into(),
         Date::Days(days) => {
-            let (date, era) = format_ymd(i64::from(days));
-            format!("{date}{era}")
+            let mut text = String::with_capacity(13);
+            let era = write_ymd(&mut text, i64::from(days));
+            text.push_str(era);
+            text
         }
     }
 }
@@ -630,6 +652,15 @@ impl Serialize for SinkChangeJson<'_> {
     }
 }
 
+/// Serialises a value as its `Display` text, without a `String` in between.
+struct Text<T>(T);
+
+impl<T: fmt::Display> Serialize for Text<T> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(&self.0)
+    }
+}
+
 /// A transaction in its JSON form.
 pub struct TxnJson<'a>(pub &'a Txn);
 
@@ -644,8 +675,8 @@ impl Serialize for TxnJson<'_> {
         let t = self.0;
         let mut map = serializer.serialize_map(None)?;
         map.serialize_entry("xid", &t.xid)?;
-        map.serialize_entry("commit_lsn", &Lsn(t.commit_lsn).to_string())?;
-        map.serialize_entry("end_lsn", &Lsn(t.end_lsn).to_string())?;
+        map.serialize_entry("commit_lsn", &Text(Lsn(t.commit_lsn)))?;
+        map.serialize_entry("end_lsn", &Text(Lsn(t.end_lsn)))?;
         map.serialize_entry(
             "commit_time",
             &format_timestamp(Timestamp::Micros(t.commit_time), true),

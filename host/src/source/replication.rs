@@ -426,24 +426,31 @@ impl Connection {
     /// frame is either returned whole or left in the buffer.
     pub(crate) async fn recv(&mut self) -> Result<Frame, SourceError> {
         loop {
-            if let Some((tag, body)) = self.take_message()? {
-                match tag {
-                    b'd' => return parse_copy_data(body.freeze()),
-                    b'c' => return Ok(Frame::CopyDone),
-                    b'N' => log_notice(&body),
-                    b'S' => {}
-                    b'E' => return Err(SourceError::Server(ServerError::parse(&body))),
-                    other => {
-                        return Err(SourceError::Protocol(format!(
-                            "unexpected message `{}` in the replication stream",
-                            other as char
-                        )));
-                    }
-                }
-                continue;
+            if let Some(frame) = self.try_recv()? {
+                return Ok(frame);
             }
             self.fill().await?;
         }
+    }
+
+    /// The next frame if one is already buffered, without waiting.
+    pub(crate) fn try_recv(&mut self) -> Result<Option<Frame>, SourceError> {
+        while let Some((tag, body)) = self.take_message()? {
+            match tag {
+                b'd' => return parse_copy_data(body.freeze()).map(Some),
+                b'c' => return Ok(Some(Frame::CopyDone)),
+                b'N' => log_notice(&body),
+                b'S' => {}
+                b'E' => return Err(SourceError::Server(ServerError::parse(&body))),
+                other => {
+                    return Err(SourceError::Protocol(format!(
+                        "unexpected message `{}` in the replication stream",
+                        other as char
+                    )));
+                }
+            }
+        }
+        Ok(None)
     }
 
     /// Sends a standby status update. `write` is what we received, `flush`

@@ -238,63 +238,82 @@ impl Session<'_> {
                     linger.as_mut().reset(at + LINGER);
                 }
             }
-            tokio::select! {
-                biased;
-                _ = shutdown.as_mut() => {
-                    self.send_status(&mut conn, false).await?;
-                    conn.close().await;
-                    return Ok(());
-                }
-                _ = tick.tick() => self.send_status(&mut conn, false).await?,
-                () = linger.as_mut(), if lingering => lingering = false,
-                frame = conn.recv() => {
-                    self.streaming = true;
-                    match frame? {
-                        Frame::XLogData { wal_end, data } => {
-                            self.advance(wal_end);
-                            self.stats.bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
-                            let message = pgoutput::decode(&data)?;
-                            if let Message::Relation(relation) = &message {
-                                let missing = self.assembler.missing_types(relation);
-                                if !missing.is_empty() {
-                                    let types = catalog::resolve_types(&client, &missing).await?;
-                                    self.assembler.add_types(types);
-                                }
-                            }
-                            if let Some(batch) = self.assembler.push(message)? {
-                                pending_cost += batch.cost(config.limits);
-                                pending.push(batch);
-                            }
-                        }
-                        Frame::Keepalive { wal_end, reply } => {
-                            // Batches before it are delivered (registered
-                            // with the coordinator) before an idle position
-                            // can pass them.
-                            if let Flow::Stop = self
-                                .deliver_pending(&mut pending, &mut pending_cost, &mut conn, &mut tick, shutdown.as_mut())
-                                .await?
-                            {
-                                self.send_status(&mut conn, false).await?;
-                                conn.close().await;
-                                return Ok(());
-                            }
-                            if !self.assembler.in_transaction() {
-                                self.advance(wal_end);
-                                // DESIGN.md §2.4: nothing open, nothing
-                                // pending: an idle slot must not pin WAL.
-                                self.feedback.advance_idle(wal_end);
-                            }
-                            if reply {
-                                self.send_status(&mut conn, false).await?;
-                            }
-                        }
-                        Frame::CopyDone => {
-                            return Err(SourceError::Io(std::io::Error::new(
-                                std::io::ErrorKind::UnexpectedEof,
-                                "the server ended the replication stream",
-                            )));
+            // What one read brought is taken frame by frame without
+            // waiting; only then does the loop wait for the socket, the
+            // status timer, the linger or shutdown.
+            let frame = match conn.try_recv()? {
+                Some(frame) => frame,
+                None => tokio::select! {
+                    biased;
+                    _ = shutdown.as_mut() => {
+                        self.send_status(&mut conn, false).await?;
+                        conn.close().await;
+                        return Ok(());
+                    }
+                    _ = tick.tick() => {
+                        self.send_status(&mut conn, false).await?;
+                        continue;
+                    }
+                    () = linger.as_mut(), if lingering => {
+                        lingering = false;
+                        continue;
+                    }
+                    frame = conn.recv() => frame?,
+                },
+            };
+            self.streaming = true;
+            match frame {
+                Frame::XLogData { wal_end, data } => {
+                    self.advance(wal_end);
+                    self.stats
+                        .bytes
+                        .fetch_add(data.len() as u64, Ordering::Relaxed);
+                    let message = pgoutput::decode(&data)?;
+                    if let Message::Relation(relation) = &message {
+                        let missing = self.assembler.missing_types(relation);
+                        if !missing.is_empty() {
+                            let types = catalog::resolve_types(&client, &missing).await?;
+                            self.assembler.add_types(types);
                         }
                     }
+                    if let Some(batch) = self.assembler.push(message)? {
+                        pending_cost += batch.cost(config.limits);
+                        pending.push(batch);
+                    }
+                }
+                Frame::Keepalive { wal_end, reply } => {
+                    // Batches before it are delivered (registered
+                    // with the coordinator) before an idle position
+                    // can pass them.
+                    if let Flow::Stop = self
+                        .deliver_pending(
+                            &mut pending,
+                            &mut pending_cost,
+                            &mut conn,
+                            &mut tick,
+                            shutdown.as_mut(),
+                        )
+                        .await?
+                    {
+                        self.send_status(&mut conn, false).await?;
+                        conn.close().await;
+                        return Ok(());
+                    }
+                    if !self.assembler.in_transaction() {
+                        self.advance(wal_end);
+                        // DESIGN.md §2.4: nothing open, nothing
+                        // pending: an idle slot must not pin WAL.
+                        self.feedback.advance_idle(wal_end);
+                    }
+                    if reply {
+                        self.send_status(&mut conn, false).await?;
+                    }
+                }
+                Frame::CopyDone => {
+                    return Err(SourceError::Io(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "the server ended the replication stream",
+                    )));
                 }
             }
         }
