@@ -269,14 +269,17 @@ pub async fn run<S: Sink>(
     let bytes = capacity.saturating_mul(limits.max_bytes.max(1));
     let (source_tx, source_rx) = budget::channel(capacity * GROUP_MAX_BATCHES, bytes);
     let (staged_tx, mut staged_rx) = budget::channel(capacity * GROUP_MAX_BATCHES, bytes);
-    let mut source_task = tokio::spawn(source::stream::run(
-        config.source.clone(),
-        offset.end_lsn,
-        source_tx,
-        feedback.clone(),
-        stats.clone(),
-        stopped(source_stopped),
-    ));
+    let mut source_task = spawn_source(
+        &name,
+        source::stream::run(
+            config.source.clone(),
+            offset.end_lsn,
+            source_tx,
+            feedback.clone(),
+            stats.clone(),
+            stopped(source_stopped),
+        ),
+    );
     let transformer = spawn_transforms(
         &name,
         &chain,
@@ -500,6 +503,46 @@ pub async fn run<S: Sink>(
     let _ = committer.await;
     tracing::info!(pipeline = %name, checkpoint = %feedback.flushed(), "pipeline stopped");
     outcome
+}
+
+/// Runs the source on a thread and runtime of its own; the handle resolves
+/// to its result.
+///
+/// The reader must never wait behind other work: a unix socket holds only a
+/// few hundred of the walsender's messages (the kernel counts each small
+/// message at about a kilobyte), so while the reader waits for a worker that
+/// is rendering a sink group, the walsender stalls on a full socket. On its
+/// own thread the reader is scheduled by the kernel, which runs a thread
+/// that mostly sleeps as soon as it wakes.
+fn spawn_source(
+    name: &str,
+    source: impl Future<Output = Result<(), SourceError>> + Send + 'static,
+) -> tokio::task::JoinHandle<Result<(), SourceError>> {
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let span = tracing::Span::current();
+    let spawned = std::thread::Builder::new()
+        .name(format!("datum-source-{name}"))
+        .spawn(move || {
+            let _entered = span.enter();
+            let result = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime.block_on(source),
+                Err(err) => Err(SourceError::Io(err)),
+            };
+            let _ = done_tx.send(result);
+        });
+    tokio::spawn(async move {
+        if let Err(err) = spawned {
+            return Err(SourceError::Io(err));
+        }
+        done_rx.await.unwrap_or_else(|_| {
+            Err(SourceError::Protocol(
+                "the source thread ended without a result (it panicked)".into(),
+            ))
+        })
+    })
 }
 
 /// ±20 % of `delay`, so that many pipelines retrying the same destination
