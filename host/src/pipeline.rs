@@ -9,8 +9,9 @@
 //! PostgreSQL hears of it.
 //!
 //! Stages are joined by bounded channels, so back-pressure reaches the
-//! socket: the source (a task), the transforms (a thread of their own: they
-//! are CPU-bound and must not stall the async workers), the sink (a task).
+//! socket: the source (a thread and runtime of its own, see
+//! `spawn_source`), the transforms (a thread of their own: they are
+//! CPU-bound and must not stall the async workers), the sink (a task).
 //! Several batches are in flight at once; the feedback coordinator keeps
 //! checkpoints in commit order whatever order acknowledgements come in.
 //!
