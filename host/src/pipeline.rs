@@ -734,3 +734,38 @@ async fn handle_failure(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_source_thread_hands_back_its_result_and_its_panics() {
+        let ok = spawn_source("ok", async {
+            // Runs on its own runtime: timers and spawned tasks work there.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            tokio::spawn(async { 7 }).await.map(|_| ()).map_err(|e| {
+                SourceError::Protocol(format!("a task on the source's runtime failed: {e}"))
+            })
+        });
+        assert!(matches!(ok.await, Ok(Ok(()))));
+
+        let failed = spawn_source("failed", async {
+            Err(SourceError::Protocol("told to fail".into()))
+        });
+        match failed.await {
+            Ok(Err(SourceError::Protocol(message))) => assert_eq!(message, "told to fail"),
+            other => panic!("{other:?}"),
+        }
+
+        let panicked = spawn_source("panicked", async {
+            panic!("a bug in the source");
+        });
+        match panicked.await {
+            Ok(Err(SourceError::Protocol(message))) => {
+                assert!(message.contains("panicked"), "{message}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
