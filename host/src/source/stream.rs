@@ -226,9 +226,7 @@ impl Session<'_> {
                         )
                         .await?
                     {
-                        self.send_status(&mut conn, false).await?;
-                        conn.close().await;
-                        return Ok(());
+                        return self.finish(conn).await;
                     }
                 } else if idle
                     && !lingering
@@ -245,11 +243,7 @@ impl Session<'_> {
                 Some(frame) => frame,
                 None => tokio::select! {
                     biased;
-                    _ = shutdown.as_mut() => {
-                        self.send_status(&mut conn, false).await?;
-                        conn.close().await;
-                        return Ok(());
-                    }
+                    _ = shutdown.as_mut() => return self.finish(conn).await,
                     _ = tick.tick() => {
                         self.send_status(&mut conn, false).await?;
                         continue;
@@ -295,9 +289,7 @@ impl Session<'_> {
                         )
                         .await?
                     {
-                        self.send_status(&mut conn, false).await?;
-                        conn.close().await;
-                        return Ok(());
+                        return self.finish(conn).await;
                     }
                     if !self.assembler.in_transaction() {
                         self.advance(wal_end);
@@ -324,6 +316,13 @@ impl Session<'_> {
             self.received = lsn;
             self.stats.received_lsn.store(lsn.0, Ordering::Relaxed);
         }
+    }
+
+    /// Tells the server what is checkpointed and closes the connection.
+    async fn finish(&mut self, mut conn: Connection) -> Result<(), SourceError> {
+        self.send_status(&mut conn, false).await?;
+        conn.close().await;
+        Ok(())
     }
 
     async fn send_status(&mut self, conn: &mut Connection, reply: bool) -> Result<(), SourceError> {
