@@ -152,14 +152,6 @@ struct Session<'a> {
     streaming: bool,
 }
 
-/// Batches assembled but not yet sent downstream, and their cost
-/// (`Batch::cost`).
-#[derive(Default)]
-struct Pending {
-    batches: Vec<Batch>,
-    cost: usize,
-}
-
 enum Flow {
     Continue,
     Stop,
@@ -202,35 +194,46 @@ impl Session<'_> {
 
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        let mut pending = Pending::default();
+        let mut pending: Vec<Batch> = Vec::new();
+        let mut pending_cost = 0usize;
         // When the last delivery went downstream, and a timer for the end
-        // of the linger after it.
+        // of the linger after it (armed only while batches wait).
         let mut delivered_at: Option<tokio::time::Instant> = None;
         let linger = tokio::time::sleep(Duration::ZERO);
         let mut linger = std::pin::pin!(linger);
+        let mut lingering = false;
         loop {
             // Batches go downstream together: those assembled from what one
             // read brought, and those that arrived during the linger after
             // the previous delivery. At most PENDING_MAX batches or one full
-            // batch's cost. Batches still waiting when the loop waits below
-            // are waiting out the linger, whose timer is then in the future.
-            if !pending.batches.is_empty() {
-                let full =
-                    pending.batches.len() >= PENDING_MAX || pending.cost >= config.limits.max_bytes;
+            // batch's cost.
+            if !pending.is_empty() {
+                let full = pending.len() >= PENDING_MAX || pending_cost >= config.limits.max_bytes;
                 // Nothing more buffered: the next step would wait for the
                 // socket.
                 let idle = !conn.has_message();
                 let waited = delivered_at.is_none_or(|at| at.elapsed() >= LINGER);
                 if full || (idle && waited) {
-                    let now = tokio::time::Instant::now();
-                    delivered_at = Some(now);
-                    linger.as_mut().reset(now + LINGER);
+                    lingering = false;
+                    delivered_at = Some(tokio::time::Instant::now());
                     if let Flow::Stop = self
-                        .deliver_pending(&mut pending, &mut conn, &mut tick, shutdown.as_mut())
+                        .deliver_pending(
+                            &mut pending,
+                            &mut pending_cost,
+                            &mut conn,
+                            &mut tick,
+                            shutdown.as_mut(),
+                        )
                         .await?
                     {
                         return self.finish(conn).await;
                     }
+                } else if idle
+                    && !lingering
+                    && let Some(at) = delivered_at
+                {
+                    lingering = true;
+                    linger.as_mut().reset(at + LINGER);
                 }
             }
             // What one read brought is taken frame by frame without
@@ -245,7 +248,10 @@ impl Session<'_> {
                         self.send_status(&mut conn, false).await?;
                         continue;
                     }
-                    () = linger.as_mut(), if !pending.batches.is_empty() => continue,
+                    () = linger.as_mut(), if lingering => {
+                        lingering = false;
+                        continue;
+                    }
                     frame = conn.recv() => frame?,
                 },
             };
@@ -265,8 +271,8 @@ impl Session<'_> {
                         }
                     }
                     if let Some(batch) = self.assembler.push(message)? {
-                        pending.cost += batch.cost(config.limits);
-                        pending.batches.push(batch);
+                        pending_cost += batch.cost(config.limits);
+                        pending.push(batch);
                     }
                 }
                 Frame::Keepalive { wal_end, reply } => {
@@ -274,7 +280,13 @@ impl Session<'_> {
                     // with the coordinator) before an idle position
                     // can pass them.
                     if let Flow::Stop = self
-                        .deliver_pending(&mut pending, &mut conn, &mut tick, shutdown.as_mut())
+                        .deliver_pending(
+                            &mut pending,
+                            &mut pending_cost,
+                            &mut conn,
+                            &mut tick,
+                            shutdown.as_mut(),
+                        )
                         .await?
                     {
                         return self.finish(conn).await;
@@ -326,13 +338,14 @@ impl Session<'_> {
     /// Sends every pending batch downstream, in order.
     async fn deliver_pending(
         &mut self,
-        pending: &mut Pending,
+        pending: &mut Vec<Batch>,
+        pending_cost: &mut usize,
         conn: &mut Connection,
         tick: &mut Interval,
         mut shutdown: Shutdown<'_>,
     ) -> Result<Flow, SourceError> {
-        pending.cost = 0;
-        for batch in pending.batches.drain(..) {
+        *pending_cost = 0;
+        for batch in pending.drain(..) {
             if let Flow::Stop = self.deliver(batch, conn, tick, shutdown.as_mut()).await? {
                 return Ok(Flow::Stop);
             }
