@@ -79,7 +79,7 @@ pub enum CheckpointError {
     },
     /// Unreadable: damaged, or not a redb file.
     #[error(
-        "{} is corrupt or not a Datum state file ({detail}); Datum will not recreate it, \
+        "{} is corrupt, truncated or not a Datum state file ({detail}); Datum will not recreate it, \
          since it holds where each pipeline resumes: restore it from a backup, or move it \
          aside to start over (each pipeline then starts from its slot's position, and its \
          target may need a resync)",
@@ -129,11 +129,33 @@ pub struct Offset {
 }
 
 /// The state file.
+///
+/// After an I/O error (a full disk, a failing device) redb refuses every
+/// later commit on the same handle, so the handle is closed and the file
+/// opened again before the next use: once the cause is gone (space freed),
+/// commits go through again. Until then each use fails with the error, and
+/// [`Store::health`] says so.
 #[derive(Debug)]
 pub struct Store {
-    db: Database,
+    db: std::sync::RwLock<Option<Arc<Database>>>,
     path: PathBuf,
     commits: std::sync::atomic::AtomicU64,
+    /// Set by an I/O error: reopen before the next use.
+    reopen: std::sync::atomic::AtomicBool,
+    health: std::sync::Mutex<Health>,
+}
+
+/// How the state file has fared since the host started.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Health {
+    /// Reads and writes that failed with an I/O error.
+    pub io_errors: u64,
+    /// Times the file was reopened after one.
+    pub reopens: u64,
+    /// The last I/O error, and when (µs since the Unix epoch).
+    pub last_error: Option<(String, i64)>,
+    /// Whether the last use failed (cleared by the next that succeeds).
+    pub failing: bool,
 }
 
 pub(crate) fn now_micros() -> i64 {
@@ -147,25 +169,105 @@ impl Store {
     /// Opens the state file, creating it when it does not exist (or is empty,
     /// as a crash during creation leaves it). An existing file is checked
     /// page by page before it is trusted.
+    ///
+    /// A file that cannot be opened is left exactly as it was: redb may write
+    /// to a file while it tries to repair it, so when the attempt fails, the
+    /// bytes read before it are put back.
     pub fn open(path: impl AsRef<Path>) -> Result<Store, CheckpointError> {
         let path = path.as_ref().to_owned();
         let fresh = std::fs::metadata(&path)
             .map(|m| m.len() == 0)
             .unwrap_or(true);
+        let before = if fresh {
+            None
+        } else {
+            Some(std::fs::read(&path).map_err(|e| CheckpointError::Storage {
+                path: path.clone(),
+                detail: format!("reading it: {e}"),
+            })?)
+        };
+        let result = Store::open_file(&path, fresh);
+        if let (Err(err), Some(before)) = (&result, before)
+            && !matches!(err, CheckpointError::InUse { .. })
+            && std::fs::read(&path).ok().as_deref() != Some(&before[..])
+        {
+            restore(&path, &before);
+        }
+        result
+    }
+
+    fn open_file(path: &Path, fresh: bool) -> Result<Store, CheckpointError> {
         let mut builder = Database::builder();
         let db = if fresh {
-            builder.create(&path)
+            builder.create(path)
         } else {
-            builder.set_check_integrity_on_open(true).open(&path)
+            builder.set_check_integrity_on_open(true).open(path)
         }
-        .map_err(|err| open_error(&path, err))?;
+        .map_err(|err| open_error(path, err))?;
         let store = Store {
-            db,
-            path,
+            db: std::sync::RwLock::new(Some(Arc::new(db))),
+            path: path.to_owned(),
             commits: Default::default(),
+            reopen: Default::default(),
+            health: Default::default(),
         };
         store.init(fresh)?;
         Ok(store)
+    }
+
+    /// The open database, reopened first if an I/O error closed it.
+    fn db(&self) -> Result<Arc<Database>, CheckpointError> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.reopen.load(Relaxed) {
+            let mut slot = self.db.write().unwrap_or_else(|p| p.into_inner());
+            if self.reopen.load(Relaxed) {
+                // The old handle must be gone before the file can be
+                // opened again (a reader still holding it makes this
+                // attempt fail; the next one succeeds).
+                drop(slot.take());
+                let db = Database::builder()
+                    .open(&self.path)
+                    .map_err(|err| self.failed(open_error(&self.path, err)))?;
+                *slot = Some(Arc::new(db));
+                self.reopen.store(false, Relaxed);
+                self.health_mut().reopens += 1;
+                tracing::info!(path = %self.path.display(), "state file reopened after an I/O error");
+            }
+        }
+        self.db
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| CheckpointError::Storage {
+                path: self.path.clone(),
+                detail: "closed after an I/O error; reopening on the next use".into(),
+            })
+    }
+
+    fn health_mut(&self) -> std::sync::MutexGuard<'_, Health> {
+        self.health.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records a failure (and whether it calls for a reopen).
+    fn failed(&self, err: CheckpointError) -> CheckpointError {
+        let mut health = self.health_mut();
+        health.io_errors += 1;
+        health.failing = true;
+        health.last_error = Some((err.to_string(), now_micros()));
+        err
+    }
+
+    /// Records that a use succeeded.
+    fn succeeded(&self) {
+        let mut health = self.health_mut();
+        if health.failing {
+            health.failing = false;
+        }
+    }
+
+    /// I/O errors, reopens and the last error since the host started.
+    pub fn health(&self) -> Health {
+        self.health_mut().clone()
     }
 
     /// The file's path.
@@ -180,11 +282,20 @@ impl Store {
 
     fn storage(&self, err: impl std::fmt::Display) -> CheckpointError {
         let detail = err.to_string();
-        if detail.contains("orrupt") {
+        if detail.contains("orrupt") || detail.contains("fill whole buffer") {
             CheckpointError::Corrupt {
                 path: self.path.clone(),
                 detail,
             }
+        } else if detail.contains("I/O error") {
+            // redb refuses the handle from now on ("Previous I/O error
+            // occurred"): reopen before the next use.
+            self.reopen
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            self.failed(CheckpointError::Storage {
+                path: self.path.clone(),
+                detail,
+            })
         } else {
             CheckpointError::Storage {
                 path: self.path.clone(),
@@ -194,7 +305,7 @@ impl Store {
     }
 
     fn init(&self, fresh: bool) -> Result<(), CheckpointError> {
-        let txn = self.db.begin_write().map_err(|e| self.storage(e))?;
+        let txn = self.db()?.begin_write().map_err(|e| self.storage(e))?;
         {
             let mut meta = txn.open_table(META).map_err(|e| self.storage(e))?;
             let version = meta
@@ -239,7 +350,7 @@ impl Store {
 
     /// The format version recorded in the file.
     pub fn format_version(&self) -> Result<u64, CheckpointError> {
-        let txn = self.db.begin_read().map_err(|e| self.storage(e))?;
+        let txn = self.db()?.begin_read().map_err(|e| self.storage(e))?;
         let meta = txn.open_table(META).map_err(|e| self.storage(e))?;
         Ok(meta
             .get("format_version")
@@ -250,7 +361,7 @@ impl Store {
 
     /// Where `pipeline` resumes, if it ever checkpointed.
     pub fn offset(&self, pipeline: &str) -> Result<Option<Offset>, CheckpointError> {
-        let txn = self.db.begin_read().map_err(|e| self.storage(e))?;
+        let txn = self.db()?.begin_read().map_err(|e| self.storage(e))?;
         let table = txn.open_table(OFFSETS).map_err(|e| self.storage(e))?;
         Ok(table.get(pipeline).map_err(|e| self.storage(e))?.map(|v| {
             let (end, commit, xid, commit_time, written_at) = v.value();
@@ -282,7 +393,7 @@ impl Store {
         offset: Offset,
         reset: bool,
     ) -> Result<(), CheckpointError> {
-        let txn = self.db.begin_write().map_err(|e| self.storage(e))?;
+        let txn = self.db()?.begin_write().map_err(|e| self.storage(e))?;
         {
             let mut table = txn.open_table(OFFSETS).map_err(|e| self.storage(e))?;
             let current = table
@@ -309,6 +420,7 @@ impl Store {
         txn.commit().map_err(|e| self.storage(e))?;
         self.commits
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.succeeded();
         Ok(())
     }
 }
@@ -341,17 +453,26 @@ impl Store {
         error: &str,
         module_version: u64,
     ) -> Result<u64, CheckpointError> {
-        let txn = self.db.begin_write().map_err(|e| self.storage(e))?;
+        let txn = self.db()?.begin_write().map_err(|e| self.storage(e))?;
         let id = {
+            // Ids never repeat, even after the newest letters were replayed
+            // or discarded: the last id handed out is kept in `meta`.
+            let mut meta = txn.open_table(META).map_err(|e| self.storage(e))?;
+            let key = format!("dead_letter_last/{pipeline}");
+            let issued = meta
+                .get(key.as_str())
+                .map_err(|e| self.storage(e))?
+                .map_or(0, |v| v.value());
             let mut table = txn.open_table(DEAD_LETTERS).map_err(|e| self.storage(e))?;
-            let last = table
+            let stored = table
                 .range((pipeline, 0)..=(pipeline, u64::MAX))
                 .map_err(|e| self.storage(e))?
                 .next_back()
                 .transpose()
                 .map_err(|e| self.storage(e))?
                 .map_or(0, |(k, _)| k.value().1);
-            let id = last + 1;
+            let id = issued.max(stored) + 1;
+            meta.insert(key.as_str(), id).map_err(|e| self.storage(e))?;
             table
                 .insert((pipeline, id), (batch, error, module_version, now_micros()))
                 .map_err(|e| self.storage(e))?;
@@ -364,7 +485,7 @@ impl Store {
     /// The dead letters of `pipeline` (of every pipeline when None), in
     /// pipeline then id order.
     pub fn dead_letters(&self, pipeline: Option<&str>) -> Result<Vec<DeadLetter>, CheckpointError> {
-        let txn = self.db.begin_read().map_err(|e| self.storage(e))?;
+        let txn = self.db()?.begin_read().map_err(|e| self.storage(e))?;
         let table = txn.open_table(DEAD_LETTERS).map_err(|e| self.storage(e))?;
         let mut letters = Vec::new();
         for entry in table.iter().map_err(|e| self.storage(e))? {
@@ -394,7 +515,7 @@ impl Store {
         pipeline: &str,
         id: u64,
     ) -> Result<Option<DeadLetter>, CheckpointError> {
-        let txn = self.db.begin_read().map_err(|e| self.storage(e))?;
+        let txn = self.db()?.begin_read().map_err(|e| self.storage(e))?;
         let table = txn.open_table(DEAD_LETTERS).map_err(|e| self.storage(e))?;
         Ok(table
             .get((pipeline, id))
@@ -414,7 +535,7 @@ impl Store {
 
     /// Durably removes a dead letter; whether it existed.
     pub fn remove_dead_letter(&self, pipeline: &str, id: u64) -> Result<bool, CheckpointError> {
-        let txn = self.db.begin_write().map_err(|e| self.storage(e))?;
+        let txn = self.db()?.begin_write().map_err(|e| self.storage(e))?;
         let existed = {
             let mut table = txn.open_table(DEAD_LETTERS).map_err(|e| self.storage(e))?;
             table
@@ -446,7 +567,7 @@ impl Store {
         &self,
         pipeline: &str,
     ) -> Result<Vec<SnapshotProgress>, CheckpointError> {
-        let txn = self.db.begin_read().map_err(|e| self.storage(e))?;
+        let txn = self.db()?.begin_read().map_err(|e| self.storage(e))?;
         let table = txn
             .open_table(SNAPSHOT_PROGRESS)
             .map_err(|e| self.storage(e))?;
@@ -530,7 +651,7 @@ impl Store {
         })
         .map_err(|e| self.storage(e))?;
         let stored_at = now_micros();
-        let txn = self.db.begin_write().map_err(|e| self.storage(e))?;
+        let txn = self.db()?.begin_write().map_err(|e| self.storage(e))?;
         let version = {
             let active = txn
                 .open_table(MODULE_ACTIVE)
@@ -580,7 +701,7 @@ impl Store {
 
     /// The stored versions of `module`, oldest first.
     pub fn module_versions(&self, module: &str) -> Result<Vec<ModuleVersion>, CheckpointError> {
-        let txn = self.db.begin_read().map_err(|e| self.storage(e))?;
+        let txn = self.db()?.begin_read().map_err(|e| self.storage(e))?;
         let table = txn
             .open_table(MODULE_VERSIONS)
             .map_err(|e| self.storage(e))?;
@@ -607,7 +728,7 @@ impl Store {
 
     /// The active version of `module`, if one was ever activated.
     pub fn active_module_version(&self, module: &str) -> Result<Option<u64>, CheckpointError> {
-        let txn = self.db.begin_read().map_err(|e| self.storage(e))?;
+        let txn = self.db()?.begin_read().map_err(|e| self.storage(e))?;
         let table = txn.open_table(MODULE_ACTIVE).map_err(|e| self.storage(e))?;
         Ok(table
             .get(module)
@@ -628,7 +749,7 @@ impl Store {
             at: now_micros(),
             effective_after,
         };
-        let txn = self.db.begin_write().map_err(|e| self.storage(e))?;
+        let txn = self.db()?.begin_write().map_err(|e| self.storage(e))?;
         {
             txn.open_table(MODULE_ACTIVE)
                 .map_err(|e| self.storage(e))?
@@ -655,7 +776,7 @@ impl Store {
 
     /// Every activation of `module`, oldest first.
     pub fn module_activations(&self, module: &str) -> Result<Vec<Activation>, CheckpointError> {
-        let txn = self.db.begin_read().map_err(|e| self.storage(e))?;
+        let txn = self.db()?.begin_read().map_err(|e| self.storage(e))?;
         let table = txn
             .open_table(MODULE_ACTIVATIONS)
             .map_err(|e| self.storage(e))?;
@@ -676,6 +797,27 @@ impl Store {
     }
 }
 
+/// Puts a file's bytes back after a failed open changed them.
+fn restore(path: &Path, bytes: &[u8]) {
+    use std::io::Write;
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(path)
+        .and_then(|mut file| {
+            file.write_all(bytes)?;
+            file.sync_all()
+        });
+    match written {
+        Ok(()) => {
+            tracing::warn!(path = %path.display(), "the failed open changed the state file; its bytes were put back")
+        }
+        Err(err) => {
+            tracing::error!(path = %path.display(), error = %err, "the failed open changed the state file, and putting its bytes back failed")
+        }
+    }
+}
+
 fn open_error(path: &Path, err: redb::DatabaseError) -> CheckpointError {
     match err {
         redb::DatabaseError::DatabaseAlreadyOpen => CheckpointError::InUse {
@@ -693,6 +835,16 @@ fn open_error(path: &Path, err: redb::DatabaseError) -> CheckpointError {
             CheckpointError::Corrupt {
                 path: path.to_owned(),
                 detail: io.to_string(),
+            }
+        }
+        // A file shorter than its header says ("failed to fill whole
+        // buffer"): truncated.
+        redb::DatabaseError::Storage(redb::StorageError::Io(io))
+            if io.kind() == std::io::ErrorKind::UnexpectedEof =>
+        {
+            CheckpointError::Corrupt {
+                path: path.to_owned(),
+                detail: format!("truncated: {io}"),
             }
         }
         other => CheckpointError::Storage {
@@ -725,12 +877,15 @@ impl Default for CommitPolicy {
 /// learn the position as flushed, and PostgreSQL with it.
 ///
 /// A failing commit is retried with back-off (the position simply does not
-/// advance meanwhile); the error is logged each time.
+/// advance meanwhile); the error is logged and handed to `failed` each time.
+/// On shutdown the loop keeps trying to commit what is left: the caller
+/// bounds how long it waits for that.
 pub async fn commit_loop(
     store: Arc<Store>,
     pipeline: String,
     feedback: Arc<Feedback>,
     policy: CommitPolicy,
+    failed: impl Fn(&CheckpointError),
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let mut shutdown = std::pin::pin!(shutdown);
@@ -762,7 +917,8 @@ pub async fn commit_loop(
                     break;
                 }
                 Ok(Err(err)) => {
-                    tracing::error!(pipeline = %pipeline, error = %err, "checkpoint commit failed; retrying");
+                    tracing::error!(pipeline = %pipeline, error = %err, retry_in = ?retry, "checkpoint commit failed; retrying");
+                    failed(&err);
                 }
                 Err(err) => {
                     tracing::error!(pipeline = %pipeline, error = %err, "checkpoint task failed; retrying");
@@ -812,6 +968,26 @@ mod tests {
         assert!(a.iter().all(|d| d.pipeline == "a" && d.at > 0));
         assert_eq!(store.dead_letters(None).expect("all").len(), 3);
         assert_eq!(store.add_dead_letter("a", b"3", "e3", 4).expect("add"), 3);
+    }
+
+    /// Regression: ids were the newest stored id plus one, so discarding or
+    /// replaying the newest letter handed its id to the next one.
+    #[test]
+    fn dead_letter_ids_never_repeat_after_a_discard() {
+        let dir = tempdir();
+        let path = dir.join("state.redb");
+        {
+            let store = Store::open(&path).expect("create");
+            assert_eq!(store.add_dead_letter("a", b"1", "e", 1).expect("add"), 1);
+            assert_eq!(store.add_dead_letter("a", b"2", "e", 1).expect("add"), 2);
+            assert!(store.remove_dead_letter("a", 2).expect("discard"));
+            assert_eq!(store.add_dead_letter("a", b"3", "e", 1).expect("add"), 3);
+            assert!(store.remove_dead_letter("a", 3).expect("discard"));
+            assert!(store.remove_dead_letter("a", 1).expect("discard"));
+        }
+        let store = Store::open(&path).expect("reopen");
+        assert_eq!(store.add_dead_letter("a", b"4", "e", 1).expect("add"), 4);
+        std::fs::remove_dir_all(dir).ok();
     }
 
     #[test]
@@ -909,6 +1085,57 @@ mod tests {
         std::fs::remove_dir_all(dir).ok();
     }
 
+    /// Regression: a failed open of a damaged file changed the file (redb
+    /// writes while it tries a repair), and a truncated file was reported
+    /// as "failed to fill whole buffer" without the corruption advice.
+    #[test]
+    fn a_failed_open_leaves_a_damaged_or_truncated_file_byte_identical() {
+        let dir = tempdir();
+        let path = dir.join("state.redb");
+        {
+            let store = Store::open(&path).expect("create");
+            for i in 1..300 {
+                store
+                    .commit_offset(&format!("p{i}"), offset(i + 1))
+                    .expect("commit");
+            }
+        }
+        let good = std::fs::read(&path).expect("read");
+        // Damage pages here and there, as a failing disk might.
+        for (n, at) in [(1usize, 100usize), (3, 20), (5, 2000)] {
+            let mut bytes = good.clone();
+            for page in bytes.chunks_mut(4096).skip(1).step_by(n) {
+                let end = (at + 64).min(page.len());
+                for b in &mut page[at.min(end)..end] {
+                    *b ^= 0x5a;
+                }
+            }
+            std::fs::write(&path, &bytes).expect("write");
+            let digest = crate::transform::module::sha256_hex(&bytes);
+            let opened = Store::open(&path);
+            let after = crate::transform::module::sha256_hex(&std::fs::read(&path).expect("read"));
+            assert_eq!(
+                after,
+                digest,
+                "the open (ok: {}) changed the file",
+                opened.is_ok()
+            );
+            if let Err(err) = opened {
+                assert!(matches!(err, CheckpointError::Corrupt { .. }), "{err:?}");
+            }
+        }
+        // Truncated to a part of its header, and to half its pages.
+        for len in [100, good.len() / 2] {
+            std::fs::write(&path, &good[..len]).expect("write");
+            let err = Store::open(&path).expect_err("truncated");
+            let text = err.to_string();
+            assert!(matches!(err, CheckpointError::Corrupt { .. }), "{text}");
+            assert!(text.contains("will not recreate"), "{text}");
+            assert_eq!(std::fs::read(&path).expect("read"), &good[..len]);
+        }
+        std::fs::remove_dir_all(dir).ok();
+    }
+
     #[tokio::test]
     async fn group_commit_shares_one_commit_among_many_acknowledgements() {
         use datum_guest::Txn;
@@ -924,6 +1151,7 @@ mod tests {
             "p".into(),
             feedback.clone(),
             policy,
+            |_| {},
             async move {
                 let _ = stopped.await;
             },
@@ -938,7 +1166,7 @@ mod tests {
                 chunk: 0,
                 last: true,
             };
-            feedback.register(&txn);
+            feedback.register(&txn).expect("in order");
             feedback.ack(&txn);
         }
         flushed

@@ -141,10 +141,19 @@ pub struct PipelineSpec {
     /// before committing ("0ms": commit at once).
     #[serde(default)]
     pub group_commit: GroupCommit,
+    /// On shutdown, how long the pipeline may take to deliver and
+    /// checkpoint what is in flight; past it the host exits non-zero and the
+    /// rest is delivered again on the next start.
+    #[serde(default = "default_drain_timeout")]
+    pub drain_timeout: Span,
 }
 
 fn default_in_flight() -> Count {
     Count(4)
+}
+
+fn default_drain_timeout() -> Span {
+    Span(Duration::from_secs(10))
 }
 
 /// `group_commit`: a duration, or `"off"` (commit as soon as a batch is
@@ -194,6 +203,10 @@ pub struct SourceSpec {
     /// Recreate a lost slot and start over (the target then needs a resync).
     #[serde(default)]
     pub recreate_slot: bool,
+    /// Stream from an existing slot that the state file has no record of
+    /// (a new state file for a slot made by hand or by another host).
+    #[serde(default)]
+    pub adopt_slot: bool,
 }
 
 fn yes() -> bool {

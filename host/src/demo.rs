@@ -163,6 +163,11 @@ pub async fn run(
     tokio::task::spawn_blocking(move || drop(cluster))
         .await
         .map_err(|e| DemoError::Other(format!("stopping PostgreSQL: {e}")))?;
+    if crate::console::closed() {
+        // Whoever read the demo's output has gone (`datum demo | head`):
+        // the cluster is removed, and there is nobody to tell.
+        return Ok(result.unwrap_or_default());
+    }
     let summary = result?;
     say(&format!(
         "Stopped: the writer committed {} transaction{}, the sink showed {}. The throwaway \
@@ -174,8 +179,10 @@ pub async fn run(
     Ok(summary)
 }
 
+/// One line for the user; a closed standard output is noted (the demo then
+/// stops) rather than a panic.
 fn say(line: &str) {
-    println!("{line}");
+    let _ = crate::console::print(&format!("{line}\n"));
 }
 
 async fn demo(
@@ -243,7 +250,16 @@ async fn demo(
         }
     };
 
-    let written = write_until_stopped(&client, options.rate.max(1), &mut stop).await;
+    // The writer stops when asked, or when the pipeline ended by itself
+    // (its reader closed standard output, or it failed).
+    let written = tokio::select! {
+        written = write_until_stopped(&client, options.rate.max(1), &mut stop) => written,
+        () = async {
+            while !pipeline.is_finished() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        } => Ok(0),
+    };
     // Let the pipeline show what the writer committed before it stops.
     let deadline = Instant::now() + Duration::from_secs(5);
     if let Ok(written) = written {

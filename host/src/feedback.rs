@@ -6,7 +6,8 @@
 //! downstream; the pipeline acknowledges each one once the sink has it
 //! durably; the commit loop persists the watermark and reports it back.
 //!
-//! Invariants (asserted in debug builds, tried by the property tests below):
+//! Invariants (kept by construction or refused with an [`OrderError`],
+//! never asserted; tried by the tests below):
 //! * the *watermark* (offered to the checkpoint) is the end LSN of the longest
 //!   prefix, in commit order, of transactions whose every chunk was
 //!   acknowledged and whose last chunk was registered; acknowledgements may
@@ -45,6 +46,43 @@ impl Pending {
     fn complete(&self) -> bool {
         self.end_lsn.is_some() && self.acked_count == self.registered
     }
+
+    /// Whether `txn` is a further chunk of this (unfinished) transaction.
+    fn continued_by(&self, txn: &Txn) -> bool {
+        self.end_lsn.is_none() && self.commit_lsn == Lsn(txn.commit_lsn) && self.xid == txn.xid
+    }
+}
+
+/// A batch registered out of commit order: an invariant of the stream was
+/// broken (by the server or by the source), so the pipeline stops rather
+/// than checkpoint past a transaction it has not delivered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OrderError {
+    /// A transaction whose commit LSN is before the previous one's.
+    #[error(
+        "transaction xid {xid} (commit {commit_lsn}) arrived after xid {previous_xid} \
+         (commit {previous_commit_lsn}): commit positions went backwards"
+    )]
+    Backwards {
+        /// The transaction registered.
+        xid: u32,
+        /// Its commit LSN.
+        commit_lsn: Lsn,
+        /// The transaction before it.
+        previous_xid: u32,
+        /// Its commit LSN.
+        previous_commit_lsn: Lsn,
+    },
+    /// A transaction first seen at a chunk other than its first.
+    #[error("transaction xid {xid} (commit {commit_lsn}) began at chunk {chunk}, not at chunk 0")]
+    MidTransaction {
+        /// The transaction.
+        xid: u32,
+        /// Its commit LSN.
+        commit_lsn: Lsn,
+        /// The chunk it began with.
+        chunk: u32,
+    },
 }
 
 #[derive(Debug)]
@@ -83,26 +121,41 @@ impl Feedback {
     }
 
     /// Records that the source is about to send this batch downstream.
-    /// Batches are registered in the order the source emits them.
-    pub fn register(&self, txn: &Txn) {
+    /// Batches are registered in the order the source emits them: commit
+    /// order, where equal positions are legal (PITFALLS 14: a
+    /// non-transactional message ends where the next transaction's commit
+    /// record starts, so both carry the same commit LSN). A batch that would
+    /// go back in commit order, or a new transaction that does not start at
+    /// its first chunk, is refused with the positions involved: the
+    /// coordinator's state is left as it was.
+    pub fn register(&self, txn: &Txn) -> Result<(), OrderError> {
         let mut state = self.lock();
         let commit_lsn = Lsn(txn.commit_lsn);
         let fresh = match state.pending.back() {
-            Some(last) => last.commit_lsn != commit_lsn || last.end_lsn.is_some(),
+            Some(last) => !last.continued_by(txn),
             None => true,
         };
         if fresh {
-            debug_assert!(
-                state
-                    .pending
-                    .back()
-                    .is_none_or(|p| p.commit_lsn < commit_lsn),
-                "transactions are registered in commit order"
-            );
+            if let Some(last) = state.pending.back()
+                && commit_lsn < last.commit_lsn
+            {
+                return Err(OrderError::Backwards {
+                    xid: txn.xid,
+                    commit_lsn,
+                    previous_xid: last.xid,
+                    previous_commit_lsn: last.commit_lsn,
+                });
+            }
             // A transaction resumed after a reconnect keeps its entry (its
             // first chunks were registered in the earlier session), so a new
             // entry always starts at chunk 0.
-            debug_assert_eq!(txn.chunk, 0, "a new transaction starts at chunk 0");
+            if txn.chunk != 0 {
+                return Err(OrderError::MidTransaction {
+                    xid: txn.xid,
+                    commit_lsn,
+                    chunk: txn.chunk,
+                });
+            }
             state.pending.push_back(Pending {
                 commit_lsn,
                 xid: txn.xid,
@@ -114,7 +167,7 @@ impl Feedback {
             });
         }
         let Some(entry) = state.pending.back_mut() else {
-            return;
+            return Ok(());
         };
         let index = txn.chunk as usize;
         if index >= entry.acked.len() {
@@ -124,6 +177,7 @@ impl Feedback {
         if txn.last {
             entry.end_lsn = Some(Lsn(txn.end_lsn));
         }
+        Ok(())
     }
 
     /// Records that the sink durably accepted this batch. Duplicates and
@@ -131,11 +185,12 @@ impl Feedback {
     pub fn ack(&self, txn: &Txn) {
         let mut state = self.lock();
         let commit_lsn = Lsn(txn.commit_lsn);
-        let Some(entry) = state
-            .pending
-            .iter_mut()
-            .find(|p| p.commit_lsn == commit_lsn && (p.acked.len() > txn.chunk as usize))
-        else {
+        // A transaction is its commit LSN and xid: a non-transactional
+        // message (xid 0) may share its commit LSN with the next
+        // transaction.
+        let Some(entry) = state.pending.iter_mut().find(|p| {
+            p.commit_lsn == commit_lsn && p.xid == txn.xid && p.acked.len() > txn.chunk as usize
+        }) else {
             return;
         };
         let slot = &mut entry.acked[txn.chunk as usize];
@@ -205,10 +260,7 @@ impl Feedback {
     /// Called by the commit loop once `lsn` is durably in redb.
     pub fn persisted(&self, lsn: Lsn) {
         let mut state = self.lock();
-        debug_assert!(
-            lsn <= state.watermark.end_lsn,
-            "only an acknowledged position can have been committed"
-        );
+        // Only an acknowledged position can have been committed.
         let lsn = lsn.min(state.watermark.end_lsn);
         if lsn > state.flushed {
             state.flushed = lsn;
@@ -250,7 +302,7 @@ mod tests {
         let a1 = chunk(10, 1, true);
         let b = chunk(20, 0, true);
         for t in [&a0, &a1, &b] {
-            f.register(t);
+            f.register(t).expect("in order");
         }
         f.ack(&b);
         assert_eq!(f.watermark().end_lsn, Lsn::ZERO, "b waits for a");
@@ -269,12 +321,12 @@ mod tests {
     fn a_transaction_is_incomplete_until_its_last_chunk_is_registered() {
         let f = Feedback::new(Offset::default());
         let a0 = chunk(10, 0, false);
-        f.register(&a0);
+        f.register(&a0).expect("in order");
         f.ack(&a0);
         assert_eq!(f.watermark().end_lsn, Lsn::ZERO);
         assert!(!f.idle());
         let a1 = chunk(10, 1, true);
-        f.register(&a1);
+        f.register(&a1).expect("in order");
         f.ack(&a1);
         assert_eq!(f.watermark().end_lsn, Lsn(11));
     }
@@ -283,7 +335,7 @@ mod tests {
     fn flushed_follows_persisted_never_the_watermark_alone() {
         let f = Feedback::new(Offset::default());
         let a = chunk(10, 0, true);
-        f.register(&a);
+        f.register(&a).expect("in order");
         f.ack(&a);
         assert_eq!(f.flushed(), Lsn::ZERO, "acknowledged is not yet committed");
         f.persisted(Lsn(11));
@@ -294,7 +346,7 @@ mod tests {
     fn idle_keepalives_advance_only_when_nothing_is_pending() {
         let f = Feedback::new(Offset::default());
         let a = chunk(10, 0, true);
-        f.register(&a);
+        f.register(&a).expect("in order");
         f.advance_idle(Lsn(100));
         assert_eq!(f.watermark().end_lsn, Lsn::ZERO, "a is in flight");
         f.ack(&a);
@@ -308,14 +360,62 @@ mod tests {
     fn a_transaction_resumed_mid_way_after_a_reconnect_completes() {
         let f = Feedback::new(Offset::default());
         let a0 = chunk(10, 0, false);
-        f.register(&a0);
+        f.register(&a0).expect("in order");
         f.ack(&a0);
         // The connection drops; the source resumes the transaction at
         // chunk 1 (chunk 0 was delivered) and finishes it.
         let a1 = chunk(10, 1, true);
-        f.register(&a1);
+        f.register(&a1).expect("in order");
         f.ack(&a1);
         assert_eq!(f.watermark().end_lsn, Lsn(11));
+        assert!(f.idle());
+    }
+
+    #[test]
+    fn a_message_at_the_next_commit_position_does_not_stall_or_panic() {
+        // A non-transactional message ends where the next transaction's
+        // commit record starts: both carry commit LSN 100.
+        let f = Feedback::new(Offset::default());
+        let message = Txn {
+            xid: 0,
+            commit_lsn: 100,
+            end_lsn: 100,
+            commit_time: 0,
+            chunk: 0,
+            last: true,
+        };
+        let b = Txn {
+            xid: 7,
+            commit_lsn: 100,
+            end_lsn: 120,
+            commit_time: 0,
+            chunk: 0,
+            last: true,
+        };
+        f.register(&message).expect("the message");
+        f.register(&b).expect("an equal commit position is legal");
+        f.ack(&message);
+        assert_eq!(f.watermark().end_lsn, Lsn(100));
+        f.ack(&b);
+        assert_eq!(f.watermark().end_lsn, Lsn(120), "b's own entry was acked");
+        assert!(f.idle());
+    }
+
+    #[test]
+    fn an_out_of_order_registration_is_a_typed_error_naming_the_positions() {
+        let f = Feedback::new(Offset::default());
+        f.register(&chunk(200, 0, true)).expect("first");
+        let err = f.register(&chunk(100, 0, true)).expect_err("backwards");
+        let text = err.to_string();
+        assert!(text.contains("0/C8") && text.contains("0/64"), "{text}");
+        let err = f.register(&chunk(300, 2, true)).expect_err("mid-way");
+        assert!(
+            matches!(err, OrderError::MidTransaction { chunk: 2, .. }),
+            "{err}"
+        );
+        // Nothing was recorded by the refused registrations.
+        f.ack(&chunk(200, 0, true));
+        assert_eq!(f.watermark().end_lsn, Lsn(201));
         assert!(f.idle());
     }
 
@@ -343,7 +443,7 @@ mod tests {
             // Register a prefix (the source may not have sent everything).
             let registered = registered_upto.index(all.len() + 1);
             for t in &all[..registered] {
-                f.register(t);
+                f.register(t).expect("in order");
             }
             let mut acked = vec![false; all.len()];
             let mut last = Lsn::ZERO;

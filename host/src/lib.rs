@@ -10,6 +10,7 @@ pub mod batch;
 pub mod budget;
 pub mod checkpoint;
 pub mod config;
+pub mod console;
 pub mod demo;
 pub mod feedback;
 pub mod golden;

@@ -20,23 +20,35 @@ fn main() -> ExitCode {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    // Colour only for a person at a terminal: never in a file or a pipe.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none();
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     match cli.log_format {
         cli::LogFormat::Text => logs.init(),
         cli::LogFormat::Json => logs.json().init(),
     }
-    match cli.command {
+    let code = command(cli.command);
+    if datum::console::closed() {
+        // The reader of standard output went away (`datum … | head`): end
+        // quietly, as a filter does.
+        return ExitCode::SUCCESS;
+    }
+    code
+}
+
+fn command(command: cli::Command) -> ExitCode {
+    match command {
         cli::Command::Run { config } => {
             let config = match datum::config::Config::load(&config) {
                 Ok(config) => config,
                 Err(err) => return fail(err),
             };
-            let result = runtime().and_then(|rt| {
-                rt.block_on(datum::run::run(&config, signalled()))
-                    .map_err(|e| e.to_string())
-            });
+            let result = block_on(datum::run::run(&config, signalled()))
+                .and_then(|r| r.map_err(|e| e.to_string()));
             match result {
                 Ok(report) if report.ok() => ExitCode::SUCCESS,
                 Ok(_) => ExitCode::from(1),
@@ -55,10 +67,8 @@ fn main() -> ExitCode {
                 module,
                 rate,
             };
-            let result = runtime().and_then(|rt| {
-                rt.block_on(datum::demo::run(options, signalled()))
-                    .map_err(|e| e.to_string())
-            });
+            let result = block_on(datum::demo::run(options, signalled()))
+                .and_then(|r| r.map_err(|e| e.to_string()));
             match result {
                 Ok(_) => ExitCode::SUCCESS,
                 Err(err) => fail(err),
@@ -75,13 +85,11 @@ fn main() -> ExitCode {
                 slot,
                 tables,
             };
-            let result = runtime().and_then(|rt| {
-                rt.block_on(check::check_source(&url, &target))
-                    .map_err(|e| format!("{e:#}"))
-            });
+            let result = block_on(check::check_source(&url, &target))
+                .and_then(|r| r.map_err(|e| format!("{e:#}")));
             match result {
                 Ok(report) => {
-                    print!("{report}");
+                    say(&report.to_string());
                     if report.failed() {
                         ExitCode::from(1)
                     } else {
@@ -103,7 +111,7 @@ fn main() -> ExitCode {
                 bless,
                 filter,
             };
-            match golden::run_suite(&module, &fixtures, &options, &mut std::io::stdout()) {
+            match golden::run_suite(&module, &fixtures, &options, &mut Stdout) {
                 Ok(summary) if summary.failed > 0 => ExitCode::from(1),
                 Ok(_) => ExitCode::SUCCESS,
                 Err(err) => fail(err),
@@ -131,15 +139,13 @@ fn main() -> ExitCode {
                  them before you commit or share them"
             );
             let result = match (url, state) {
-                (Some(url), _) => runtime().and_then(|rt| {
-                    rt.block_on(record::from_slot(
-                        &url,
-                        slot.as_deref(),
-                        publication.as_deref(),
-                        &options,
-                    ))
-                    .map_err(|e| e.to_string())
-                }),
+                (Some(url), _) => block_on(record::from_slot(
+                    &url,
+                    slot.as_deref(),
+                    publication.as_deref(),
+                    &options,
+                ))
+                .and_then(|r| r.map_err(|e| e.to_string())),
                 (None, Some(state)) => {
                     record::from_dead_letters(&state, pipeline.as_deref(), &options)
                         .map_err(|e| e.to_string())
@@ -149,15 +155,15 @@ fn main() -> ExitCode {
             match result {
                 Ok(files) => {
                     for file in &files {
-                        println!("wrote {}", file.display());
+                        say(&format!("wrote {}\n", file.display()));
                     }
-                    println!(
+                    say(&format!(
                         "{} fixture{} recorded; write NAME.expected.json beside each, or run \
-                         `datum test MODULE.wasm {} --bless` and review what it writes",
+                         `datum test MODULE.wasm {} --bless` and review what it writes\n",
                         files.len(),
                         if files.len() == 1 { "" } else { "s" },
                         options.out.display()
-                    );
+                    ));
                     ExitCode::SUCCESS
                 }
                 Err(err) => fail(err),
@@ -182,7 +188,7 @@ fn main() -> ExitCode {
             };
             match scaffold::create(&options) {
                 Ok(created) => {
-                    print!("{created}");
+                    say(&created.to_string());
                     ExitCode::SUCCESS
                 }
                 Err(err) => fail(err),
@@ -204,14 +210,14 @@ fn main() -> ExitCode {
                 json,
                 request,
             };
-            match runtime().map(|rt| rt.block_on(datum::admin_client::run(&args))) {
+            match block_on(datum::admin_client::run(&args)) {
                 Ok(Ok(output)) => {
-                    print!("{output}");
+                    say(&output.to_string());
                     ExitCode::SUCCESS
                 }
                 Ok(Err(err)) => {
                     if let Some(body) = err.json() {
-                        print!("{body}");
+                        say(&body.to_string());
                     }
                     eprintln!("error: {err}");
                     ExitCode::from(err.exit_code())
@@ -239,11 +245,43 @@ async fn signalled() {
     }
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, String> {
-    tokio::runtime::Builder::new_multi_thread()
+/// Runs `future` on a new runtime. The runtime is then shut down without
+/// waiting on blocking work still running (a module call that outlived its
+/// pipeline's drain, a commit stuck on a failing disk): the command's
+/// outcome is already decided, and the process exits.
+fn block_on<F: std::future::Future>(future: F) -> Result<F::Output, String> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .map_err(|err| format!("cannot start the async runtime: {err}"))
+        .map_err(|err| format!("cannot start the async runtime: {err}"))?;
+    let output = runtime.block_on(future);
+    runtime.shutdown_timeout(std::time::Duration::from_millis(500));
+    Ok(output)
+}
+
+/// Standard output for text a command prints; a closed pipe is noted by
+/// [`datum::console`], never a panic.
+fn say(text: &str) {
+    if let Err(err) = datum::console::print(text) {
+        eprintln!("error: writing to standard output: {err}");
+    }
+}
+
+/// [`std::io::Write`] onto [`say`], for reports written incrementally.
+struct Stdout;
+
+impl std::io::Write for Stdout {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.write_all(buf).map(|()| buf.len())
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        datum::console::write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 fn fail(err: impl std::fmt::Display) -> ExitCode {

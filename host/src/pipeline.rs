@@ -66,6 +66,9 @@ pub struct PipelineConfig {
     pub sink_retry_max: Duration,
     /// On shutdown, how long batches in flight may take to reach the sink.
     pub drain_timeout: Duration,
+    /// When the slot exists but the state file has no record of the
+    /// pipeline: stream from the slot's position instead of refusing.
+    pub adopt_slot: bool,
     /// The hot-swappable chain (`crate::hotswap`); when `None`, one is made
     /// from `modules`, outside the registry (version 0).
     pub chain: Option<Arc<ActiveChain>>,
@@ -90,6 +93,7 @@ impl PipelineConfig {
             sink_retry_initial: Duration::from_millis(100),
             sink_retry_max: Duration::from_secs(30),
             drain_timeout: Duration::from_secs(10),
+            adopt_slot: false,
             chain: None,
             source_stats: Arc::default(),
             stats: Arc::default(),
@@ -109,6 +113,35 @@ pub enum PipelineError {
     /// The sink refused a batch definitely.
     #[error("sink: {0}")]
     Sink(#[from] SinkError),
+    /// Shutdown did not finish within `drain_timeout` (a module call or a
+    /// state-file commit that did not end); everything after `checkpoint`
+    /// is delivered again after the next start.
+    #[error(
+        "did not stop within drain_timeout ({timeout:?}); the checkpoint stays at {checkpoint} \
+         and what came after it is delivered again on the next start"
+    )]
+    DrainTimeout {
+        /// The configured bound.
+        timeout: Duration,
+        /// The last durable checkpoint.
+        checkpoint: source::Lsn,
+    },
+    /// The slot exists, but the state file has no record of the pipeline.
+    #[error(
+        "replication slot {slot} already exists, but the state file {} has no record of this \
+         pipeline: it is new, empty or not the file this pipeline used (its dead letters and \
+         module versions would be missing too). If {} is the file you mean, set \
+         source.adopt_slot = true to stream from the slot's position (what the slot already \
+         confirmed is not delivered again); otherwise point `state` at the right file",
+        state.display(),
+        state.display()
+    )]
+    UnknownSlot {
+        /// The slot.
+        slot: String,
+        /// The state file.
+        state: std::path::PathBuf,
+    },
     /// A module failed and `on_error` is `fail`.
     #[error("transform (batch xid {xid}, commit {commit_lsn}): {error}")]
     Transform {
@@ -218,8 +251,26 @@ pub async fn run<S: Sink>(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), PipelineError> {
     let name = config.name.clone();
+    let mut shutdown = std::pin::pin!(shutdown);
     let checkpoint = store.offset(&name)?;
-    let prepared = source::prepare(&config.source, checkpoint.map(|o| o.end_lsn)).await?;
+    let Some(prepared) = prepare_source(&config, &store, checkpoint, shutdown.as_mut()).await?
+    else {
+        return Ok(());
+    };
+    if checkpoint.is_none() && !prepared.created_slot {
+        // The slot exists, but the state file has never heard of this
+        // pipeline: a new or emptied file, or the wrong path. Starting over
+        // silently would hide that (and the dead letters and module
+        // versions the right file holds).
+        if !config.adopt_slot {
+            return Err(PipelineError::UnknownSlot {
+                slot: config.source.slot.clone(),
+                state: store.path().to_owned(),
+            });
+        }
+        tracing::warn!(pipeline = %name, slot = %config.source.slot, confirmed = ?prepared.confirmed_flush, "adopting the existing slot: streaming from its position (adopt_slot = true)");
+        store.commit_offset(&name, Offset::default())?;
+    }
     let mut offset = checkpoint.unwrap_or_default();
     if prepared.resync_needed {
         tracing::warn!(pipeline = %name, "the slot was recreated: resynchronise the target");
@@ -254,11 +305,13 @@ pub async fn run<S: Sink>(
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
+    let failures = counters.clone();
     let committer = tokio::spawn(checkpoint::commit_loop(
         store.clone(),
         name.clone(),
         feedback.clone(),
         config.commit,
+        move |err| failures.record_error(format!("checkpoint: {err}")),
         stopped(commits_stopped),
     ));
     // Each channel holds `in_flight` batches' worth of bytes (at the
@@ -301,7 +354,6 @@ pub async fn run<S: Sink>(
         });
     }
 
-    let mut shutdown = std::pin::pin!(shutdown);
     let mut deadline: Option<tokio::time::Instant> = None;
     let drain_over = |deadline: Option<tokio::time::Instant>| async move {
         match deadline {
@@ -435,7 +487,10 @@ pub async fn run<S: Sink>(
                 }
                 continue;
             }
-            group.pop().expect("the group's first batch")
+            match group.pop() {
+                Some(transformed) => transformed,
+                None => continue,
+            }
         };
         let mut delay = config.sink_retry_initial;
         let written = loop {
@@ -454,6 +509,10 @@ pub async fn run<S: Sink>(
                         break Err(None);
                     }
                     delay = (delay * 2).min(config.sink_retry_max);
+                }
+                Err(err) if err.gone => {
+                    tracing::info!(pipeline = %name, reason = %err, "the sink's reader went away; stopping");
+                    break Err(None);
                 }
                 Err(err) => break Err(Some(err)),
             }
@@ -493,17 +552,101 @@ pub async fn run<S: Sink>(
     };
 
     // Stop reading (if not yet), let the stages end, commit what the sink
-    // acknowledged.
+    // acknowledged — all within the drain deadline (set by shutdown, else
+    // `drain_timeout` from now): a module call or a state-file commit that
+    // does not end must not keep the host from exiting. What is not
+    // committed by then is delivered again after the next start.
     let _ = stop_source.send(true);
     drop(staged_rx);
-    if !source_task.is_finished() {
-        let _ = source_task.await;
+    let teardown_deadline =
+        deadline.unwrap_or_else(|| tokio::time::Instant::now() + config.drain_timeout);
+    let committer_abort = committer.abort_handle();
+    let teardown = async {
+        if !source_task.is_finished() {
+            let _ = source_task.await;
+        }
+        let _ = tokio::task::spawn_blocking(move || transformer.join()).await;
+        let _ = stop_commits.send(true);
+        let _ = committer.await;
+    };
+    if tokio::time::timeout_at(teardown_deadline, teardown)
+        .await
+        .is_err()
+    {
+        committer_abort.abort();
+        let checkpoint = feedback.flushed();
+        tracing::error!(pipeline = %name, %checkpoint, drain_timeout = ?config.drain_timeout, "the pipeline did not stop within drain_timeout; leaving the rest for the next start");
+        return Err(outcome.err().unwrap_or(PipelineError::DrainTimeout {
+            timeout: config.drain_timeout,
+            checkpoint,
+        }));
     }
-    let _ = tokio::task::spawn_blocking(move || transformer.join()).await;
-    let _ = stop_commits.send(true);
-    let _ = committer.await;
     tracing::info!(pipeline = %name, checkpoint = %feedback.flushed(), "pipeline stopped");
     outcome
+}
+
+/// Prepares the publication and slot, retrying with back-off while the
+/// source cannot be reached or is starting up (each attempt logged and
+/// recorded as the pipeline's last error, so status and readiness say why it
+/// is not streaming yet). A definite failure — authentication, a missing
+/// database, `wal_level`, a lost slot — stops at once. `None`: shutdown came
+/// first.
+///
+/// Before it creates a slot, the pipeline's position (0/0: the slot's own)
+/// is committed to the state file, so the state file knows of every slot it
+/// made.
+async fn prepare_source(
+    config: &PipelineConfig,
+    store: &Store,
+    checkpoint: Option<Offset>,
+    mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
+) -> Result<Option<source::Prepared>, PipelineError> {
+    let mut delay = config.source.reconnect_initial;
+    let mut attempt = 1u64;
+    loop {
+        let intent = || {
+            if checkpoint.is_none() {
+                store
+                    .commit_offset(&config.name, Offset::default())
+                    .map_err(|err| SourceError::Requirement {
+                        problem: format!("cannot record the new slot in the state file: {err}"),
+                        fix: "make the state file writable (free space, permissions), then start again"
+                            .into(),
+                    })?;
+            }
+            Ok(())
+        };
+        let prepare = source::prepare(&config.source, checkpoint.map(|o| o.end_lsn), intent);
+        let outcome = tokio::select! {
+            biased;
+            _ = shutdown.as_mut() => return Ok(None),
+            outcome = prepare => outcome,
+        };
+        match outcome {
+            Ok(prepared) => {
+                if attempt > 1 {
+                    tracing::info!(pipeline = %config.name, attempt, "source reached");
+                }
+                return Ok(Some(prepared));
+            }
+            Err(err) if err.is_transient() => {
+                let wait = jitter(delay);
+                tracing::warn!(pipeline = %config.name, attempt, error = %err, retry_in = ?wait, "cannot prepare the source yet; retrying");
+                config.stats.record_error(format!(
+                    "starting (attempt {attempt}, next in {:.1} s): {err}",
+                    wait.as_secs_f64()
+                ));
+                tokio::select! {
+                    biased;
+                    _ = shutdown.as_mut() => return Ok(None),
+                    _ = tokio::time::sleep(wait) => {}
+                }
+                delay = (delay * 2).min(config.source.reconnect_max);
+                attempt += 1;
+            }
+            Err(err) => return Err(err.into()),
+        }
+    }
 }
 
 /// Runs the source on a thread and runtime of its own; the handle resolves
@@ -708,14 +851,16 @@ async fn handle_failure(
                         detail: format!("encoding a dead letter: {e}"),
                     })
                 })?;
-            // The failing module's version (0 for a sink refusal).
+            // The failing module's version; for a sink refusal, the version
+            // of the last module, whose output the sink refused (0 without
+            // modules, or outside the registry).
+            let info = chain.info();
             let version = match &error {
-                Failure::Module(e) => chain
-                    .info()
+                Failure::Module(e) => info
                     .iter()
                     .find(|s| s.name == e.module)
                     .map_or(0, |s| s.version),
-                Failure::Sink(_) => 0,
+                Failure::Sink(_) => info.last().map_or(0, |s| s.version),
             };
             let message = error.to_string();
             let (store, pipeline, stored) = (store.clone(), name.clone(), message.clone());

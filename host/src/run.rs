@@ -255,6 +255,8 @@ async fn prepare_pipeline(
     config.on_error = spec.on_error;
     config.channel_capacity = spec.in_flight.0;
     config.commit.group_delay = spec.group_commit.0;
+    config.drain_timeout = spec.drain_timeout.0;
+    config.adopt_slot = spec.source.adopt_slot;
     if let SinkSpec::Http {
         retry_initial,
         retry_max,
@@ -504,7 +506,9 @@ async fn supervise(
             control.set_state(PipelineState::Failed);
             return Err(err);
         }
-        if *stop.borrow() {
+        if *stop.borrow() || !*pause.borrow() {
+            // Stopped by shutdown, or ended by itself (its sink's reader
+            // went away): not to be restarted.
             control.set_state(PipelineState::Stopped);
             return Ok(());
         }

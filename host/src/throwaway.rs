@@ -702,7 +702,33 @@ impl Cluster {
     /// last checkpoint saved.
     pub fn restart(&mut self) -> Result<()> {
         if let Some(child) = self.child.take() {
-            stop_server(child)?;
+            stop_server(child, Signal::SIGQUIT)?;
+        }
+        self.start_again()
+    }
+
+    /// Restarts the server as `pg_ctl restart -m fast` does: a clean
+    /// shutdown (walsenders end their streams, a shutdown checkpoint is
+    /// written), then a start on the same port with the same settings.
+    pub fn restart_fast(&mut self) -> Result<()> {
+        self.stop_fast()?;
+        self.start_again()
+    }
+
+    /// Shuts the server down cleanly (`pg_ctl stop -m fast`) and leaves it
+    /// down, keeping its directory and port, until [`Cluster::start_again`].
+    pub fn stop_fast(&mut self) -> Result<()> {
+        match self.child.take() {
+            Some(child) => stop_server(child, Signal::SIGINT),
+            None => Ok(()),
+        }
+    }
+
+    /// Starts a server that was stopped by [`Cluster::stop_fast`] (or
+    /// crashed) again, on the same port with the same settings.
+    pub fn start_again(&mut self) -> Result<()> {
+        if let Some(child) = self.child.take() {
+            stop_server(child, Signal::SIGQUIT)?;
         }
         let settings = self.settings.clone();
         match self.spawn_server(self.port, &settings)? {
@@ -814,7 +840,7 @@ impl Cluster {
 
     fn shutdown(&mut self) -> Result<()> {
         let stopped = match self.child.take() {
-            Some(child) => stop_server(child),
+            Some(child) => stop_server(child, Signal::SIGQUIT),
             None => Ok(()),
         };
         let removed = remove_root(&self.root);
@@ -838,9 +864,11 @@ enum Launch {
 
 /// Immediate shutdown (SIGQUIT): the cluster is thrown away, so there is no
 /// point in a checkpoint. SIGKILL if it does not go in time.
-fn stop_server(mut child: Child) -> Result<()> {
+/// Stops the postmaster with `how`: SIGQUIT for an immediate shutdown,
+/// SIGINT for a fast (clean) one.
+fn stop_server(mut child: Child, how: Signal) -> Result<()> {
     let pid = Pid::from_raw(child.id() as i32);
-    let _ = signal::kill(pid, Signal::SIGQUIT);
+    let _ = signal::kill(pid, how);
     let deadline = Instant::now() + STOP_TIMEOUT;
     loop {
         match child.try_wait() {

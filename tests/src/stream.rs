@@ -44,9 +44,13 @@ impl Running {
     /// Prepares the publication and slot, then starts streaming after
     /// `resume_after`, with a downstream channel of `capacity` batches.
     pub async fn start(config: SourceConfig, resume_after: Lsn, capacity: usize) -> Running {
-        datum::source::prepare(&config, (resume_after != Lsn::ZERO).then_some(resume_after))
-            .await
-            .unwrap_or_else(|err| panic!("preparing the source: {err}"));
+        datum::source::prepare(
+            &config,
+            (resume_after != Lsn::ZERO).then_some(resume_after),
+            || Ok(()),
+        )
+        .await
+        .unwrap_or_else(|err| panic!("preparing the source: {err}"));
         Running::start_prepared(config, resume_after, capacity)
     }
 

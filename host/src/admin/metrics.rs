@@ -118,6 +118,34 @@ pub fn render(pipelines: &[Arc<PipelineControl>], store: &Store) -> String {
         store.commits() as f64,
     );
 
+    let health = store.health();
+    f.header(
+        "datum_state_file_io_errors_total",
+        "counter",
+        "Reads and writes of the state file that failed with an I/O error (a full disk).",
+    );
+    f.sample(
+        "datum_state_file_io_errors_total",
+        &[],
+        health.io_errors as f64,
+    );
+    f.header(
+        "datum_state_file_reopens_total",
+        "counter",
+        "Times the state file was reopened after an I/O error.",
+    );
+    f.sample("datum_state_file_reopens_total", &[], health.reopens as f64);
+    f.header(
+        "datum_state_file_failing",
+        "gauge",
+        "1 while the last use of the state file failed.",
+    );
+    f.sample(
+        "datum_state_file_failing",
+        &[],
+        if health.failing { 1.0 } else { 0.0 },
+    );
+
     type Counter = fn(&PipelineControl) -> u64;
     let counters: [(&str, &str, Counter); 10] = [
         ("datum_batches_in_total", "Batches from the source.", |p| {

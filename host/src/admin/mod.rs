@@ -472,6 +472,21 @@ pub fn status(control: &PipelineControl, store: &Store) -> Json {
         "modules": control.chain.info(),
         "snapshots": snapshots,
         "last_error": last_error,
+        "state_file": state_file(store),
+    })
+}
+
+/// How the state file fares: failing while its last use failed (a full
+/// disk), with the last error.
+fn state_file(store: &Store) -> Json {
+    let health = store.health();
+    json!({
+        "failing": health.failing,
+        "io_errors": health.io_errors,
+        "reopens": health.reopens,
+        "last_error": health
+            .last_error
+            .map(|(message, at)| json!({"message": message, "at": at})),
     })
 }
 

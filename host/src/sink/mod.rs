@@ -25,6 +25,10 @@ pub struct SinkError {
     /// Whether trying again may succeed (the destination is down, a
     /// timeout) rather than never (a refused request).
     pub transient: bool,
+    /// Whether the destination went away for good, on purpose (the reader
+    /// of standard output closed it): the pipeline then stops as on a
+    /// shutdown, acknowledging nothing, rather than failing.
+    pub gone: bool,
 }
 
 impl SinkError {
@@ -33,6 +37,7 @@ impl SinkError {
         SinkError {
             message: message.into(),
             transient: true,
+            gone: false,
         }
     }
 
@@ -41,6 +46,16 @@ impl SinkError {
         SinkError {
             message: message.into(),
             transient: false,
+            gone: false,
+        }
+    }
+
+    /// The destination's reader went away (a closed pipe).
+    pub fn gone(message: impl Into<String>) -> SinkError {
+        SinkError {
+            message: message.into(),
+            transient: false,
+            gone: true,
         }
     }
 }

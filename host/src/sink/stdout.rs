@@ -59,7 +59,13 @@ impl Sink for StdoutSink {
         let mut out = std::io::stdout().lock();
         out.write_all(&self.buffer)
             .and_then(|()| out.flush())
-            .map_err(|e| SinkError::definite(format!("writing to standard output: {e}")))?;
+            .map_err(|e| {
+                if crate::console::note(&e) {
+                    SinkError::gone("standard output was closed by its reader")
+                } else {
+                    SinkError::definite(format!("writing to standard output: {e}"))
+                }
+            })?;
         self.written += self.buffer.len() as u64;
         Ok(())
     }

@@ -61,7 +61,12 @@ fn sql_connect_error(info: &ConnInfo, err: tokio_postgres::Error) -> SourceError
     }
     // A refused certificate comes back wrapped by tokio-postgres; it is as
     // definite as on the replication connection.
-    let mut transient = true;
+    // A server's refusal is as transient as its SQLSTATE says: a server
+    // starting up or shutting down (57P03, 57P01) comes back, a missing
+    // database (3D000) does not.
+    let mut transient = err
+        .as_db_error()
+        .is_none_or(|db| super::transient_sqlstate(db.code().code()));
     let mut source = std::error::Error::source(&err);
     while let Some(cause) = source {
         if let Some(tls) = cause.downcast_ref::<tls::TlsError>() {

@@ -83,6 +83,9 @@ pub enum SourceError {
     /// A pgoutput message could not be decoded.
     #[error(transparent)]
     Decode(#[from] pgoutput::DecodeError),
+    /// The stream broke the commit order the delivery contract rests on.
+    #[error("replication stream out of order: {0}")]
+    Order(#[from] crate::feedback::OrderError),
     /// The source database lacks something the pipeline needs.
     #[error("{problem}; to fix: {fix}")]
     Requirement {
@@ -124,6 +127,7 @@ impl SourceError {
             SourceError::Auth { .. }
             | SourceError::Protocol(_)
             | SourceError::Decode(_)
+            | SourceError::Order(_)
             | SourceError::Requirement { .. }
             | SourceError::FastForward { .. } => false,
         }
@@ -220,16 +224,26 @@ pub struct Prepared {
 /// checkpoint means changes were lost to the pipeline: an error, unless
 /// `recreate_slot` is set, in which case a new slot is created and
 /// [`Prepared::resync_needed`] says so.
+///
+/// `before_create` runs just before the slot is created, so that the
+/// caller can durably record that it is about to own one: a crash between
+/// creating the slot and the first checkpoint then restarts cleanly, and a
+/// slot that exists without any such record can be told apart.
 pub async fn prepare(
     config: &SourceConfig,
     checkpoint: Option<Lsn>,
+    before_create: impl FnOnce() -> Result<(), SourceError>,
 ) -> Result<Prepared, SourceError> {
     let client = catalog::connect(&config.conninfo).await?;
     let mut resync_needed = false;
     if let Some(state) = catalog::slot_state(&client, &config.slot).await? {
         let lost = state.wal_status.as_deref() == Some("lost");
+        // A checkpoint of 0/0 was recorded before the slot was created and
+        // never advanced: the slot's own position is where it starts.
         let ahead = match (checkpoint, state.confirmed_flush) {
-            (Some(checkpoint), Some(confirmed)) => confirmed > checkpoint,
+            (Some(checkpoint), Some(confirmed)) if checkpoint != Lsn::ZERO => {
+                confirmed > checkpoint
+            }
             _ => false,
         };
         if (lost || ahead) && config.recreate_slot {
@@ -282,6 +296,7 @@ pub async fn prepare(
     let state = match catalog::slot_state(&client, &config.slot).await? {
         Some(state) => state,
         None => {
+            before_create()?;
             client
                 .query(
                     "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",

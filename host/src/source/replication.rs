@@ -438,7 +438,11 @@ impl Connection {
         while let Some((tag, body)) = self.take_message()? {
             match tag {
                 b'd' => return parse_copy_data(body.freeze()).map(Some),
-                b'c' => return Ok(Some(Frame::CopyDone)),
+                // The server ends a stream with CopyDone, or, on a clean
+                // shutdown, with CommandComplete (`COPY 0`) and no CopyDone
+                // (PITFALLS 15); ReadyForQuery may follow either. Each is a
+                // reason to reconnect, never a protocol violation.
+                b'c' | b'C' | b'Z' => return Ok(Some(Frame::CopyDone)),
                 b'N' => log_notice(&body),
                 b'S' => {}
                 b'E' => return Err(SourceError::Server(ServerError::parse(&body))),

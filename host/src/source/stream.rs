@@ -302,9 +302,10 @@ impl Session<'_> {
                     }
                 }
                 Frame::CopyDone => {
+                    // Transient: a restarting server ends streams this way.
                     return Err(SourceError::Io(std::io::Error::new(
                         std::io::ErrorKind::UnexpectedEof,
-                        "the server ended the replication stream",
+                        "the server ended the replication stream (shutting down or restarting?)",
                     )));
                 }
             }
@@ -374,7 +375,7 @@ impl Session<'_> {
                     };
                     // Registered before it leaves: from here on the
                     // coordinator knows it is in flight.
-                    self.feedback.register(&batch.txn);
+                    self.feedback.register(&batch.txn)?;
                     permit.send(batch);
                     self.stats.batches.fetch_add(1, Ordering::Relaxed);
                     self.stats.changes.fetch_add(changes, Ordering::Relaxed);

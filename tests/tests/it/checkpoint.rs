@@ -288,7 +288,7 @@ async fn a_killed_host_resumes_with_replays_only_from_the_unchecked_tail() {
     let (state, log) = (dir.join("state.redb"), dir.join("sink.log"));
     let mut rng = Rng::new();
     // The slot must exist before the first write, as for any pipeline.
-    datum::source::prepare(&config(&pg, "pub", "slot", &["t"]), None)
+    datum::source::prepare(&config(&pg, "pub", "slot", &["t"]), None, || Ok(()))
         .await
         .expect("prepare");
 
@@ -715,6 +715,8 @@ async fn small_transactions_share_sink_writes_and_a_failed_group_goes_batch_by_b
     let mut pipeline_config = PipelineConfig::new("p", config(&pg, "pub", "slot", &["t"]));
     pipeline_config.on_error = datum::config::OnError::Skip;
     pipeline_config.sink_retry_initial = Duration::from_millis(10);
+    // The slot was made by hand above, before the state file existed.
+    pipeline_config.adopt_slot = true;
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let running = tokio::spawn(pipeline::run(
         pipeline_config,

@@ -208,3 +208,48 @@ fn the_demo_says_what_to_install_or_build() {
     assert_eq!(leftovers(&pg_dir), Vec::<String>::new());
     let _ = std::fs::remove_dir_all(&pg_dir);
 }
+
+/// Regression: `datum demo | head -2` panicked ("failed printing to stdout:
+/// Broken pipe", exit 101 with a backtrace) once the reader went away, and
+/// logs carried ANSI colours into files and pipes.
+#[test]
+fn a_closed_stdout_ends_the_demo_quietly_and_logs_have_no_colour_off_a_terminal() {
+    let pg_dir = temp_dir("head");
+    let started = Instant::now();
+    let mut child = demo(&pg_dir, &["--no-color"])
+        .env("RUST_LOG", "info")
+        .spawn()
+        .expect("datum demo");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    // Read the first two lines, as `head -2` does, then close the pipe.
+    for _ in 0..2 {
+        let mut line = String::new();
+        assert!(out.read_line(&mut line).expect("read") > 0, "no output");
+    }
+    drop(out);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the demo kept running after its reader went away");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut stderr)
+        .expect("stderr");
+    assert!(status.success(), "exit {status:?}:\n{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(!stderr.contains("error:"), "{stderr}");
+    assert!(
+        stderr.contains("INFO"),
+        "RUST_LOG=info shows log lines: {stderr}"
+    );
+    assert!(!stderr.contains('\x1b'), "colour in a pipe: {stderr:?}");
+    assert!(started.elapsed() < Duration::from_secs(90));
+    assert_eq!(leftovers(&pg_dir), Vec::<String>::new());
+    let _ = std::fs::remove_dir_all(&pg_dir);
+}

@@ -5,6 +5,7 @@
 mod admin;
 mod checkpoint;
 mod demo;
+mod faults;
 mod golden;
 mod harness;
 mod modules;

@@ -56,9 +56,19 @@ impl Host {
     }
 
     /// SIGTERM, then the exit status (within `secs`).
-    pub(crate) fn stop(mut self, secs: u64) -> (ExitStatus, String) {
+    pub(crate) fn stop(self, secs: u64) -> (ExitStatus, String) {
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+        self.wait(secs)
+    }
+
+    /// Whether the process is still running.
+    pub(crate) fn running(&mut self) -> bool {
+        self.child.try_wait().expect("wait").is_none()
+    }
+
+    /// The exit status, once the process ends by itself (within `secs`).
+    pub(crate) fn wait(mut self, secs: u64) -> (ExitStatus, String) {
         let deadline = Instant::now() + Duration::from_secs(secs);
         loop {
             if let Some(status) = self.child.try_wait().expect("wait") {
@@ -113,7 +123,7 @@ pub(crate) fn lines(path: &Path) -> Vec<Json> {
 }
 
 /// Waits until the file sink holds a line for which `done` holds.
-fn wait_for_line(path: &Path, host: &Host, done: impl Fn(&Json) -> bool) -> Vec<Json> {
+pub(crate) fn wait_for_line(path: &Path, host: &Host, done: impl Fn(&Json) -> bool) -> Vec<Json> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let all = lines(path);

@@ -558,7 +558,7 @@ async fn password_logins_stream_and_a_wrong_password_stops_without_leaking_it() 
             .replace("pa55 word", "secret-wrong-pw")
             .parse()
             .expect("conninfo");
-        let err = datum::source::prepare(&cfg, None)
+        let err = datum::source::prepare(&cfg, None, || Ok(()))
             .await
             .expect_err("wrong password");
         assert!(matches!(err, SourceError::Auth { .. }), "{err:?}");
@@ -667,7 +667,7 @@ async fn check_reports_each_requirement_with_what_to_do() {
         "{report}"
     );
     // prepare() refuses with the first failure and what to do about it.
-    let err = datum::source::prepare(&config(&pg, "pub", "slot", &["keyed"]), None)
+    let err = datum::source::prepare(&config(&pg, "pub", "slot", &["keyed"]), None, || Ok(()))
         .await
         .expect_err("wal_level = replica");
     assert!(err.to_string().contains("wal_level"), "{err}");
@@ -940,7 +940,7 @@ async fn a_slot_held_by_another_process_is_refused_unless_told_to_take_it() {
     let pg = cluster();
     let client = connect(&pg.conninfo("postgres")).await;
     sql(&client, &["CREATE TABLE t (id int PRIMARY KEY)"]).await;
-    datum::source::prepare(&config(&pg, "pub", "slot", &["t"]), None)
+    datum::source::prepare(&config(&pg, "pub", "slot", &["t"]), None, || Ok(()))
         .await
         .expect("prepare");
     // Another consumer holds the slot: pg_recvlogical, not retrying.
@@ -964,7 +964,7 @@ async fn a_slot_held_by_another_process_is_refused_unless_told_to_take_it() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
 
-    let err = datum::source::prepare(&config(&pg, "pub", "slot", &["t"]), None)
+    let err = datum::source::prepare(&config(&pg, "pub", "slot", &["t"]), None, || Ok(()))
         .await
         .expect_err("the slot is in use");
     let text = err.to_string();
@@ -982,4 +982,132 @@ async fn a_slot_held_by_another_process_is_refused_unless_told_to_take_it() {
     second.stop().await.expect("stop");
     let status = other.wait().expect("pg_recvlogical ends");
     assert!(!status.success(), "its walsender was terminated");
+}
+
+/// Regression: a non-transactional message emitted while other transactions
+/// were open ends where the next transaction's commit record starts, so the
+/// two share a commit position. That tripped an ordering assertion in the
+/// feedback coordinator (the source thread panicked, and kept panicking
+/// after each restart), and in release builds the transaction's
+/// acknowledgement went to the message's entry, so the checkpoint never
+/// passed it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_sharing_the_next_commit_position_neither_panics_nor_stalls() {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    sql(&client, &["CREATE TABLE t (id int PRIMARY KEY)"]).await;
+    let cfg = config(&pg, "pub", "slot", &["t"]);
+    let mut source = Running::start(cfg, Lsn::ZERO, 64).await;
+    let open = connect(&pg.conninfo("postgres")).await;
+    let other = connect(&pg.conninfo("postgres")).await;
+    let mut shared = 0;
+    let mut expected_ids = Vec::new();
+    for round in 0..5 {
+        // Transaction A stays open across the message and B's commit.
+        sql(
+            &open,
+            &["BEGIN", &format!("INSERT INTO t VALUES ({})", round * 10)],
+        )
+        .await;
+        // B emits the message from inside its own transaction and commits
+        // straight after it: nothing else writes WAL in between.
+        sql(
+            &other,
+            &[
+                "BEGIN",
+                &format!("INSERT INTO t VALUES ({})", round * 10 + 1),
+                "SELECT pg_logical_emit_message(false, 'datum-test', 'between'); COMMIT",
+            ],
+        )
+        .await;
+        sql(&open, &["COMMIT"]).await;
+        expected_ids.extend([round * 10 + 1, round * 10]);
+        let mut batches = Vec::new();
+        while batches.len() < 3 {
+            let batch = source.next(10).await;
+            source.checkpoint(&batch);
+            batches.push(batch);
+        }
+        let (message, b, a) = (&batches[0], &batches[1], &batches[2]);
+        assert!(
+            matches!(
+                message.changes[..],
+                [datum::batch::Change::Message {
+                    transactional: false,
+                    ..
+                }]
+            ),
+            "{:?}",
+            render(message)
+        );
+        if message.txn.commit_lsn == b.txn.commit_lsn {
+            shared += 1;
+        }
+        for batch in [b, a] {
+            for change in &batch.changes {
+                if let datum::batch::Change::Insert { new, .. } = change {
+                    let Value::Int(id) = new[0] else {
+                        panic!("{new:?}")
+                    };
+                    assert_eq!(id as i32, expected_ids.remove(0));
+                }
+            }
+        }
+        // The checkpoint covers A, the last of the three: nothing stalled.
+        assert_eq!(source.feedback.watermark().end_lsn, Lsn(a.txn.end_lsn));
+        assert!(source.feedback.idle());
+    }
+    assert!(
+        shared >= 1,
+        "the message never shared B's commit position: the test did not reproduce the case"
+    );
+    source.stop().await.expect("the source ends cleanly");
+}
+
+/// Regression: on a fast restart (`pg_ctl restart -m fast`) the walsender
+/// ends the copy stream with CommandComplete and no CopyDone. That was taken
+/// for a protocol violation, a definite error, so the host exited instead of
+/// reconnecting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_restart_of_the_server_is_a_reconnect_not_a_stop() {
+    let mut pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    sql(&client, &["CREATE TABLE t (id int PRIMARY KEY)"]).await;
+    drop(client);
+    let mut cfg = config(&pg, "pub", "slot", &["t"]);
+    cfg.reconnect_initial = Duration::from_millis(50);
+    cfg.reconnect_max = Duration::from_millis(400);
+    let mut source = Running::start(cfg, Lsn::ZERO, 8).await;
+    let mut seen = Vec::new();
+    for round in 0..3 {
+        let client = connect(&pg.conninfo("postgres")).await;
+        for id in round * 5..round * 5 + 5 {
+            sql(&client, &[&format!("INSERT INTO t VALUES ({id})")]).await;
+        }
+        drop(client);
+        while seen.len() < (round as usize + 1) * 5 {
+            let batch = source.next(30).await;
+            source.checkpoint(&batch);
+            seen.extend(render(&batch));
+        }
+        pg.restart_fast().expect("fast restart");
+    }
+    let client = connect(&pg.conninfo("postgres")).await;
+    sql(&client, &["INSERT INTO t VALUES (15)"]).await;
+    while seen.len() < 16 {
+        let batch = source.next(30).await;
+        source.checkpoint(&batch);
+        seen.extend(render(&batch));
+    }
+    let expected: Vec<String> = (0..16).map(|id| format!("I public.t id={id}")).collect();
+    assert_eq!(
+        seen, expected,
+        "nothing lost or duplicated across the restarts"
+    );
+    let reconnects = source
+        .stats
+        .reconnects
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(reconnects >= 3, "{reconnects} reconnects for 3 restarts");
+    source.stop().await.expect("the source was still running");
 }

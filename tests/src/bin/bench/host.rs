@@ -76,7 +76,7 @@ impl Host {
         );
         for p in pipelines {
             config.push_str(&format!(
-                "\n[[pipeline]]\nname = \"{}\"\n{}\n[pipeline.source]\nurl = \"{}\"\nslot = \"{}\"\npublication = \"{publication}\"\n\n{}\n[pipeline.sink]\ntype = \"file\"\npath = \"{}\"\n",
+                "\n[[pipeline]]\nname = \"{}\"\n{}\n[pipeline.source]\nurl = \"{}\"\nslot = \"{}\"\npublication = \"{publication}\"\nadopt_slot = true\n\n{}\n[pipeline.sink]\ntype = \"file\"\npath = \"{}\"\n",
                 p.name,
                 p.extra,
                 p.conninfo,

@@ -1,0 +1,51 @@
+//! The process's standard output as the commands use it: text written
+//! whole, and a reader that went away (`datum demo | head -2`) noticed
+//! instead of panicking.
+//!
+//! Owns one fact: whether standard output was found closed. Whoever writes
+//! to standard output (the commands' reports, the `stdout` sink) reports a
+//! broken pipe here; `main` then ends the program quietly, with no error
+//! line and no backtrace, as a well-behaved filter does.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static CLOSED: AtomicBool = AtomicBool::new(false);
+
+/// Writes `text` to standard output and flushes it. A closed pipe is
+/// remembered ([`closed`]) and otherwise ignored; other errors are returned.
+pub fn print(text: &str) -> std::io::Result<()> {
+    write(text.as_bytes())
+}
+
+/// [`print`] for bytes.
+pub fn write(bytes: &[u8]) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    let result = out.write_all(bytes).and_then(|()| out.flush());
+    match result {
+        Err(err) if is_broken_pipe(&err) => {
+            CLOSED.store(true, Ordering::Relaxed);
+            Ok(())
+        }
+        other => other,
+    }
+}
+
+/// Whether `err` says the reader of the pipe went away; if so, it is
+/// remembered.
+pub fn note(err: &std::io::Error) -> bool {
+    let broken = is_broken_pipe(err);
+    if broken {
+        CLOSED.store(true, Ordering::Relaxed);
+    }
+    broken
+}
+
+fn is_broken_pipe(err: &std::io::Error) -> bool {
+    err.kind() == std::io::ErrorKind::BrokenPipe
+}
+
+/// Whether standard output was found closed.
+pub fn closed() -> bool {
+    CLOSED.load(Ordering::Relaxed)
+}
