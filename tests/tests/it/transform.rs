@@ -398,3 +398,105 @@ fn a_chatty_module_is_capped_not_failed() {
     let written = probe(&engine(), body, 1);
     assert_eq!(written, 65536, "each write is accepted whole");
 }
+
+/// A module whose bad batch answers with exactly `envelope`.
+fn answering(envelope: &[u8]) -> String {
+    let escaped: String = envelope.iter().map(|b| format!("\\{b:02x}")).collect();
+    let packed = (1024u64 << 32) | envelope.len() as u64;
+    adversarial(
+        &format!("(i64.const {packed})"),
+        &format!(r#"(data (i32.const 1024) "{escaped}")"#),
+    )
+}
+
+/// MessagePack of `value` (a JSON value, maps in order).
+fn msgpack(value: serde_json::Value) -> Vec<u8> {
+    rmp_serde::to_vec(&value).expect("msgpack")
+}
+
+/// The error of the bad batch for a module answering `envelope`, after
+/// which the next good batch must still run.
+fn answered(envelope: &[u8]) -> datum::transform::chain::ChainError {
+    let engine = engine();
+    let module = load(&engine, &answering(envelope), Limits::default());
+    let mut chain = Chain::new(std::slice::from_ref(&module));
+    let err = chain.run(batch(BAD)).expect_err("the envelope is refused");
+    chain.run(batch(GOOD)).expect("the next good batch runs");
+    err
+}
+
+#[test]
+fn an_envelope_with_both_changes_and_error_is_invalid_output() {
+    let err = answered(&msgpack(serde_json::json!({
+        "changes": [],
+        "error": {"message": "which one?"}
+    })));
+    assert_eq!(err.error.kind(), "invalid_output", "{err}");
+    assert!(err.to_string().contains("both"), "{err}");
+}
+
+#[test]
+fn bytes_after_the_envelope_are_invalid_output() {
+    let mut envelope = msgpack(serde_json::json!({"changes": [0]}));
+    envelope.push(0xc0);
+    let err = answered(&envelope);
+    assert_eq!(err.error.kind(), "invalid_output", "{err}");
+    assert!(err.to_string().contains("1 byte after"), "{err}");
+}
+
+#[test]
+fn a_change_without_the_row_its_op_needs_is_invalid_output() {
+    for (change, needs) in [
+        (
+            serde_json::json!({"op": "insert", "schema": "public", "table": "users"}),
+            "`new`",
+        ),
+        (
+            serde_json::json!({"op": "update", "schema": "public", "table": "users", "old": {"id": 1}}),
+            "`new`",
+        ),
+        (
+            serde_json::json!({"op": "snapshot", "schema": "public", "table": "users"}),
+            "`new`",
+        ),
+        (
+            serde_json::json!({"op": "delete", "schema": "public", "table": "users", "new": {"id": 1}}),
+            "`old`",
+        ),
+        (
+            serde_json::json!({"op": "truncate", "schema": "public", "table": "users"}),
+            "`truncate`",
+        ),
+        (serde_json::json!({"op": "message"}), "`message`"),
+    ] {
+        let err = answered(&msgpack(serde_json::json!({"changes": [0, change]})));
+        assert_eq!(err.error.kind(), "invalid_output", "{change}: {err}");
+        let text = err.to_string();
+        assert!(text.contains(needs), "{change}: {text}");
+        assert!(text.contains("output change 1"), "{change}: {text}");
+    }
+}
+
+#[test]
+fn a_bad_output_element_is_reported_with_its_cause() {
+    for (element, cause) in [
+        (serde_json::json!(-1), "negative"),
+        (serde_json::json!(1.5), "floating point"),
+        (serde_json::json!("0"), "string"),
+        (
+            serde_json::json!({"op": "upsert", "schema": "public", "table": "users"}),
+            "upsert",
+        ),
+    ] {
+        let err = answered(&msgpack(serde_json::json!({"changes": [0, element]})));
+        assert_eq!(err.error.kind(), "invalid_output", "{element}: {err}");
+        let text = err.to_string();
+        assert!(text.contains(cause), "{element}: {text}");
+        assert!(text.contains("output change 1"), "{element}: {text}");
+        assert!(!text.contains("neither"), "{element}: {text}");
+    }
+    // An envelope of neither shape still says so.
+    let err = answered(&msgpack(serde_json::json!({"result": []})));
+    assert_eq!(err.error.kind(), "invalid_output", "{err}");
+    assert!(err.to_string().contains("neither"), "{err}");
+}
