@@ -101,12 +101,17 @@ impl Module {
                 limit: limits.max_module,
             });
         }
+        // The text format (tests) becomes the binary one, so that the same
+        // counts apply to it.
+        let binary = wat::parse_bytes(wasm).map_err(|e| TransformError::Invalid(e.to_string()))?;
+        // Before the cache too: a module compiled under other limits must
+        // still meet these.
+        check_compile_cost(&binary, &limits)?;
         let sha256 = sha256_hex(wasm);
         let module = match engine.compiled(&sha256) {
             Some(module) => module,
             None => {
-                let module = wasmtime::Module::new(&engine.inner, wasm)
-                    .map_err(|e| TransformError::Invalid(format!("{e:#}")))?;
+                let module = compile(engine, &binary, limits.compile_timeout)?;
                 engine.keep_compiled(&sha256, &module);
                 module
             }
@@ -176,6 +181,123 @@ impl Module {
             module: self.clone(),
             live: None,
         }
+    }
+}
+
+/// Refuses a module (binary) whose compilation would cost more than its
+/// limits allow, from what it declares: the number of functions, the locals
+/// of each function and of all of them, and the size of its code. Reading
+/// this is linear in the module's size and compiles nothing; compiling is
+/// not (per function, per local), which is why a small module could
+/// otherwise take minutes and gigabytes to compile.
+fn check_compile_cost(wasm: &[u8], limits: &Limits) -> Result<(), TransformError> {
+    use wasmparser::{Parser, Payload, TypeRef};
+    let invalid = |e: wasmparser::BinaryReaderError| TransformError::Invalid(e.to_string());
+    let too_many_functions = |functions: u64| {
+        TransformError::TooComplex(format!(
+            "{functions} functions, over the {}-function limit (raise max_functions)",
+            limits.max_functions
+        ))
+    };
+    let mut functions: u64 = 0;
+    let mut imported: u64 = 0;
+    let mut bodies: u64 = 0;
+    let mut total_locals: u64 = 0;
+    for payload in Parser::new(0).parse_all(wasm) {
+        match payload.map_err(invalid)? {
+            Payload::ImportSection(reader) => {
+                for import in reader.into_imports() {
+                    if matches!(
+                        import.map_err(invalid)?.ty,
+                        TypeRef::Func(_) | TypeRef::FuncExact(_)
+                    ) {
+                        functions += 1;
+                        imported += 1;
+                    }
+                }
+                if functions > u64::from(limits.max_functions) {
+                    return Err(too_many_functions(functions));
+                }
+            }
+            Payload::FunctionSection(reader) => {
+                functions += u64::from(reader.count());
+                if functions > u64::from(limits.max_functions) {
+                    return Err(too_many_functions(functions));
+                }
+            }
+            Payload::CodeSectionStart { count, size, .. } => {
+                if imported + u64::from(count) > u64::from(limits.max_functions) {
+                    return Err(too_many_functions(imported + u64::from(count)));
+                }
+                if size as usize > limits.max_code {
+                    return Err(TransformError::TooComplex(format!(
+                        "a {size}-byte code section, over the {}-byte limit (raise max_code)",
+                        limits.max_code
+                    )));
+                }
+            }
+            Payload::CodeSectionEntry(body) => {
+                let index = imported + bodies;
+                bodies += 1;
+                let reader = body.get_locals_reader().map_err(invalid)?;
+                let declarations = reader.get_count();
+                let mut locals: u64 = 0;
+                for (n, declaration) in reader.into_iter().enumerate() {
+                    locals += u64::from(declaration.map_err(invalid)?.0);
+                    if locals > u64::from(limits.max_locals) {
+                        let exact = if n + 1 == declarations as usize {
+                            ""
+                        } else {
+                            "at least "
+                        };
+                        return Err(TransformError::TooComplex(format!(
+                            "function {index} declares {exact}{locals} locals, over the {}-local \
+                             limit (raise max_locals)",
+                            limits.max_locals
+                        )));
+                    }
+                }
+                total_locals += locals;
+                if total_locals > limits.max_total_locals {
+                    return Err(TransformError::TooComplex(format!(
+                        "its functions declare {total_locals} locals or more, over the {}-local \
+                         limit for a module (raise max_total_locals)",
+                        limits.max_total_locals
+                    )));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Compiles `wasm` on a thread of its own and waits at most `timeout`. A
+/// compilation past its time is abandoned: it cannot be interrupted, so it
+/// ends in the background and its result is dropped (the counts checked
+/// before bound how long that takes).
+fn compile(
+    engine: &Engine,
+    wasm: &[u8],
+    timeout: Duration,
+) -> Result<wasmtime::Module, TransformError> {
+    let (done, compiled) = std::sync::mpsc::sync_channel(1);
+    let inner = engine.inner.clone();
+    let wasm = wasm.to_vec();
+    std::thread::Builder::new()
+        .name("wasm-compile".into())
+        .spawn(move || {
+            let _ = done.send(wasmtime::Module::new(&inner, &wasm));
+        })
+        .map_err(|e| TransformError::Invalid(format!("starting the compiler thread: {e}")))?;
+    match compiled.recv_timeout(timeout) {
+        Ok(module) => module.map_err(|e| TransformError::Invalid(format!("{e:#}"))),
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(TransformError::TooComplex(
+            format!("compiling took longer than {timeout:?} (raise compile_timeout)"),
+        )),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(TransformError::Invalid(
+            "the compiler stopped without an answer".into(),
+        )),
     }
 }
 

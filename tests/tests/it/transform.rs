@@ -500,3 +500,118 @@ fn a_bad_output_element_is_reported_with_its_cause() {
     assert_eq!(err.error.kind(), "invalid_output", "{err}");
     assert!(err.to_string().contains("neither"), "{err}");
 }
+
+fn leb128(mut value: u64, out: &mut Vec<u8>) {
+    loop {
+        let byte = (value & 0x7f) as u8;
+        value >>= 7;
+        if value == 0 {
+            out.push(byte);
+            return;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
+fn section(id: u8, body: &[u8], out: &mut Vec<u8>) {
+    out.push(id);
+    leb128(body.len() as u64, out);
+    out.extend_from_slice(body);
+}
+
+/// A binary module of `functions` functions `() -> ()`, each declaring
+/// `locals` i32 locals and doing nothing: small on disk, costly to compile.
+fn many_functions(functions: u32, locals: u32) -> Vec<u8> {
+    let mut module = b"\0asm\x01\0\0\0".to_vec();
+    section(1, &[1, 0x60, 0, 0], &mut module);
+    let mut funcs = Vec::new();
+    leb128(functions.into(), &mut funcs);
+    funcs.resize(funcs.len() + functions as usize, 0);
+    section(3, &funcs, &mut module);
+    let mut body = Vec::new();
+    if locals == 0 {
+        body.push(0);
+    } else {
+        body.push(1);
+        leb128(locals.into(), &mut body);
+        body.push(0x7f);
+    }
+    body.push(0x0b);
+    let mut code = Vec::new();
+    leb128(functions.into(), &mut code);
+    for _ in 0..functions {
+        leb128(body.len() as u64, &mut code);
+        code.extend_from_slice(&body);
+    }
+    section(10, &code, &mut module);
+    module
+}
+
+/// Loads `wasm` on a thread that must answer within 60 s.
+fn load_within(wasm: Vec<u8>, limits: Limits) -> Result<(), String> {
+    within(Duration::from_secs(60), move || {
+        Module::new(&engine(), "bomb", &wasm, limits, vec![0x80])
+            .map(drop)
+            .map_err(|e| format!("{}: {e}", e.kind()))
+    })
+    .unwrap_or_else(|| Err("compiling did not end within 60 s".into()))
+}
+
+#[test]
+fn a_module_of_300000_empty_functions_is_refused_before_it_compiles() {
+    let wasm = many_functions(300_000, 0);
+    assert!(
+        wasm.len() < Limits::default().max_module,
+        "under the size limit"
+    );
+    let started = Instant::now();
+    let err = load_within(wasm, Limits::default()).expect_err("too many functions");
+    assert!(err.starts_with("module_too_complex:"), "{err}");
+    assert!(err.contains("300000 functions"), "{err}");
+    assert!(err.contains("max_functions"), "names the limit: {err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "refused before compiling, took {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn a_function_with_too_many_locals_is_refused_before_it_compiles() {
+    let limits = Limits {
+        max_locals: 1_000,
+        ..Limits::default()
+    };
+    let err = load_within(many_functions(1, 5_000), limits).expect_err("too many locals");
+    assert!(err.starts_with("module_too_complex:"), "{err}");
+    assert!(err.contains("5000 locals"), "{err}");
+    // Many functions each under the per-function limit add up to too many
+    // locals for the module.
+    let err = load_within(many_functions(2_000, 40_000), Limits::default())
+        .expect_err("too many locals in all");
+    assert!(err.starts_with("module_too_complex:"), "{err}");
+    assert!(err.contains("max_total_locals"), "{err}");
+}
+
+#[test]
+fn too_much_code_is_refused_before_it_compiles() {
+    let limits = Limits {
+        max_code: 64 << 10,
+        ..Limits::default()
+    };
+    let err = load_within(many_functions(30_000, 0), limits).expect_err("too much code");
+    assert!(err.starts_with("module_too_complex:"), "{err}");
+    assert!(err.contains("max_code"), "{err}");
+}
+
+#[test]
+fn compiling_past_its_time_limit_is_a_typed_error() {
+    // Under every count, but given no time to compile in.
+    let limits = Limits {
+        compile_timeout: Duration::from_millis(1),
+        ..Limits::default()
+    };
+    let err = load_within(many_functions(20_000, 0), limits).expect_err("too slow");
+    assert!(err.starts_with("module_too_complex:"), "{err}");
+    assert!(err.contains("compile_timeout"), "{err}");
+}
