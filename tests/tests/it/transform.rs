@@ -615,3 +615,121 @@ fn compiling_past_its_time_limit_is_a_typed_error() {
     assert!(err.starts_with("module_too_complex:"), "{err}");
     assert!(err.contains("compile_timeout"), "{err}");
 }
+
+/// Runs `f` on a thread of its own and waits at most `limit` for it: `None`
+/// means it hung (the thread is left behind; the test fails).
+fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    let (done, result) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(f());
+    });
+    result.recv_timeout(limit).ok()
+}
+
+/// A probe like [`probe`] with limits of its own, run on a thread that
+/// must answer within 30 s whatever the module does.
+fn probe_within(body: &str, extra: &str, limits: Limits) -> Result<u32, String> {
+    let module = adversarial(body, &format!("{extra}\n{PROBE_IMPORTS}"));
+    within(Duration::from_secs(30), move || {
+        let engine = engine();
+        let module = load(&engine, &module, limits);
+        match Chain::new(std::slice::from_ref(&module)).run(batch(BAD)) {
+            Err(err) => match err.error {
+                datum::transform::TransformError::Guest { index: Some(v), .. } => Ok(v),
+                other => Err(format!("{} ({other})", other.kind())),
+            },
+            Ok(_) => Err("the probe answered changes".into()),
+        }
+    })
+    .unwrap_or_else(|| Err("the call did not return within 30 s".into()))
+}
+
+const POLL_IMPORT: &str = r#"
+  (import "wasi_snapshot_preview1" "poll_oneoff"
+    (func $poll (param i32 i32 i32 i32) (result i32)))"#;
+
+/// Writes a clock subscription (userdata 7) at 512 with `clock`, `timeout`
+/// and `flags`, polls it with an event buffer at 1024, and answers
+/// `event.error << 24 | errno << 16 | nevents << 8 | event.userdata`.
+fn sleep_probe(clock: i32, timeout: i64, flags: i32) -> String {
+    format!(
+        "(i64.store (i32.const 512) (i64.const 7)) \
+         (i32.store8 (i32.const 520) (i32.const 0)) \
+         (i32.store (i32.const 528) (i32.const {clock})) \
+         (i64.store (i32.const 536) (i64.const {timeout})) \
+         (i64.store (i32.const 544) (i64.const 0)) \
+         (i32.store16 (i32.const 552) (i32.const {flags})) \
+         (i64.store (i32.const 1024) (i64.const 0xffff)) \
+         (local.set $len (call $poll (i32.const 512) (i32.const 1024) (i32.const 1) (i32.const 2048))) \
+         (call $answer (i32.or (i32.or \
+            (i32.shl (i32.load16_u (i32.const 1032)) (i32.const 24)) \
+            (i32.shl (local.get $len) (i32.const 16))) \
+            (i32.or (i32.shl (i32.load (i32.const 2048)) (i32.const 8)) \
+                    (i32.load8_u (i32.const 1024)))))"
+    )
+}
+
+#[test]
+fn poll_oneoff_with_an_endless_sleep_ends_within_the_time_limit() {
+    let limits = Limits {
+        timeout: Duration::from_millis(200),
+        ..Limits::default()
+    };
+    let started = Instant::now();
+    // A relative sleep of 2^64 - 1 ns on the monotonic clock: the batch's
+    // clock stands still, so the sleep is over at once.
+    let answer = probe_within(&sleep_probe(1, -1, 0), POLL_IMPORT, limits);
+    assert_eq!(
+        answer,
+        Ok(0x0000_0107),
+        "success, one clock event, userdata 7"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        started.elapsed()
+    );
+    // The same on the realtime clock, and an absolute deadline far ahead.
+    assert_eq!(
+        probe_within(&sleep_probe(0, -1, 0), POLL_IMPORT, limits),
+        Ok(0x0000_0107)
+    );
+    assert_eq!(
+        probe_within(&sleep_probe(1, -1, 1), POLL_IMPORT, limits),
+        Ok(0x0000_0107)
+    );
+}
+
+#[test]
+fn poll_oneoff_answers_errors_as_errnos() {
+    let limits = Limits::default();
+    // The process CPU clock is not a clock one can sleep on: EINVAL (28).
+    assert_eq!(
+        probe_within(&sleep_probe(2, 1, 0), POLL_IMPORT, limits),
+        Ok(28 << 16 | 0xff),
+        "errno EINVAL, no event written"
+    );
+    // No subscription at all: EINVAL as well.
+    let none = "(call $answer (call $poll (i32.const 512) (i32.const 1024) (i32.const 0) (i32.const 2048)))";
+    assert_eq!(probe_within(none, POLL_IMPORT, limits), Ok(28));
+    // fd_write on stdout is ready, fd_read on a descriptor that does not
+    // exist is EBADF (8).
+    let fd = |tag: i32, fd: i32| {
+        format!(
+            "(i32.store8 (i32.const 520) (i32.const {tag})) \
+             (i32.store (i32.const 528) (i32.const {fd})) \
+             (i32.store8 (i32.const 1034) (i32.const 0xff)) \
+             (local.set $len (call $poll (i32.const 512) (i32.const 1024) (i32.const 1) (i32.const 2048))) \
+             (call $answer (i32.or (i32.shl (local.get $len) (i32.const 8)) (i32.load8_u (i32.const 1034))))"
+        )
+    };
+    assert_eq!(
+        probe_within(&fd(2, 1), POLL_IMPORT, limits),
+        Ok(2),
+        "success, an fd_write event"
+    );
+    assert_eq!(
+        probe_within(&fd(1, 9), POLL_IMPORT, limits),
+        Ok(8 << 8 | 0xff)
+    );
+}
