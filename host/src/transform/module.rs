@@ -645,6 +645,7 @@ impl Instance {
                 continue;
             }
             for line in String::from_utf8_lossy(&captured.bytes).lines() {
+                let line = escape_for_log(line);
                 tracing::info!(module = %name, %lsn, stream, "{line}");
             }
             if captured.dropped > 0 {

@@ -44,14 +44,24 @@ impl CallEnv {
 
 struct BatchClock(Arc<CallEnv>);
 
+impl BatchClock {
+    /// The commit time in nanoseconds since the Unix epoch, as WASI can say
+    /// it: its timestamps are unsigned 64-bit nanoseconds, so a time before
+    /// 1970 reads as the epoch and one after 2554 as the last nanosecond
+    /// (`docs/abi.md`, "The sandbox").
+    fn nanos(&self) -> u64 {
+        let micros = self.0.commit_time.load(Ordering::Relaxed);
+        u64::try_from(micros).unwrap_or(0).saturating_mul(1_000)
+    }
+}
+
 impl HostWallClock for BatchClock {
     fn resolution(&self) -> Duration {
         Duration::from_micros(1)
     }
 
     fn now(&self) -> Duration {
-        let micros = self.0.commit_time.load(Ordering::Relaxed);
-        Duration::from_micros(micros.max(0) as u64)
+        Duration::from_nanos(self.nanos())
     }
 }
 
@@ -61,8 +71,7 @@ impl HostMonotonicClock for BatchClock {
     }
 
     fn now(&self) -> u64 {
-        let micros = self.0.commit_time.load(Ordering::Relaxed);
-        (micros.max(0) as u64).saturating_mul(1_000)
+        self.nanos()
     }
 }
 
@@ -200,6 +209,32 @@ impl tokio::io::AsyncWrite for Capture {
     ) -> std::task::Poll<std::io::Result<()>> {
         std::task::Poll::Ready(Ok(()))
     }
+}
+
+/// Captured module output as one log line shows it: every control character
+/// (CR, NUL, ESC, tab, DEL, C1) and every bidirectional-text control is
+/// written as an escape (`\r`, `\0`, `\u{1b}`), so that a module cannot
+/// rewrite, hide or forge log lines on a terminal or in a text file.
+pub(crate) fn escape_for_log(line: &str) -> std::borrow::Cow<'_, str> {
+    fn unsafe_char(c: char) -> bool {
+        c.is_control()
+            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    }
+    if !line.chars().any(unsafe_char) {
+        return std::borrow::Cow::Borrowed(line);
+    }
+    let mut out = String::with_capacity(line.len() + 8);
+    for c in line.chars() {
+        match c {
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\n' => out.push_str("\\n"),
+            '\0' => out.push_str("\\0"),
+            c if unsafe_char(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// A WASI context that grants nothing and reads time and randomness from

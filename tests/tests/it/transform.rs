@@ -733,3 +733,119 @@ fn poll_oneoff_answers_errors_as_errnos() {
         Ok(8 << 8 | 0xff)
     );
 }
+
+/// Collects what a tracing subscriber writes.
+#[derive(Clone, Default)]
+struct Log(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Log {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn module_stdout_reaches_text_logs_with_control_characters_escaped() {
+    // "A\rB\0C\x1b[2J\tD\u{202e}E\n": a carriage return that would rewrite
+    // the log line, a NUL, a terminal escape, a tab and a bidi override.
+    let text = b"A\rB\0C\x1b[2J\tD\xe2\x80\xaeE\n";
+    let escaped: String = text.iter().map(|b| format!("\\{b:02x}")).collect();
+    let body = format!(
+        "(i32.store (i32.const 600) (i32.const 700)) \
+         (i32.store (i32.const 604) (i32.const {})) \
+         (drop (call $fd_write (i32.const 1) (i32.const 600) (i32.const 1) (i32.const 608))) \
+         (call $answer (i32.const 1))",
+        text.len()
+    );
+    let module = adversarial(
+        &body,
+        &format!(r#"{PROBE_IMPORTS} (data (i32.const 700) "{escaped}")"#),
+    );
+    let log = Log::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        let engine = engine();
+        let module = load(&engine, &module, Limits::default());
+        let _ = Chain::new(std::slice::from_ref(&module)).run(batch(BAD));
+    });
+    let log = String::from_utf8(log.0.lock().expect("lock").clone()).expect("utf-8");
+    let line = log
+        .lines()
+        .find(|l| l.contains("stream=\"stdout\""))
+        .unwrap_or_else(|| panic!("no stdout line in:\n{log}"));
+    assert!(
+        line.contains(r"A\rB\0C\u{1b}[2J\tD\u{202e}E"),
+        "escaped: {line:?}"
+    );
+    for raw in ['\r', '\0', '\x1b', '\t', '\u{202e}'] {
+        assert!(!log.contains(raw), "{raw:?} reached the log: {log:?}");
+    }
+}
+
+#[test]
+fn path_open_with_every_rights_bit_set_returns_an_errno() {
+    let imports = r#"
+  (import "wasi_snapshot_preview1" "path_open"
+    (func $path_open (param i32 i32 i32 i32 i32 i64 i64 i32 i32) (result i32)))
+  (data (i32.const 64) "/etc/passwd")"#;
+    for (dirfd, flags) in [(3, -1), (1, -1), (3, 0)] {
+        let body = format!(
+            "(call $answer (call $path_open (i32.const {dirfd}) (i32.const {flags}) (i32.const 64) \
+               (i32.const 11) (i32.const {flags}) (i64.const -1) (i64.const -1) (i32.const {flags}) \
+               (i32.const 256)))"
+        );
+        assert_eq!(
+            probe_within(&body, imports, Limits::default()),
+            Ok(8),
+            "EBADF (nothing is preopened) for dirfd {dirfd}, flags {flags}"
+        );
+    }
+}
+
+#[test]
+fn clocks_outside_what_wasi_represents_read_its_nearest_time() {
+    // WASI's timestamps are unsigned nanoseconds since 1970: a commit time
+    // before 1970 reads 1970-01-01 00:00:00, one past 2554 the last
+    // nanosecond WASI has, on both clocks (the batch's `commit_time` keeps
+    // the real value).
+    let engine = engine();
+    let clock = |id: i32| {
+        format!(
+            "(i64.store (i32.const 512) (i64.const 0x5555555555555555)) \
+             (drop (call $clock (i32.const {id}) (i64.const 1) (i32.const 512))) \
+             (call $answer (i32.wrap_i64 (i64.load (i32.const 512))))"
+        )
+    };
+    for (commit_time, reads) in [(-1_000_000, 0), (i64::MAX, u32::MAX)] {
+        for id in [0, 1] {
+            let module = load(
+                &engine,
+                &adversarial(&clock(id), PROBE_IMPORTS),
+                Limits::default(),
+            );
+            let mut bad = batch(BAD);
+            bad.txn.commit_time = commit_time;
+            let err = Chain::new(std::slice::from_ref(&module))
+                .run(bad)
+                .expect_err("the probe answers with an error");
+            match err.error {
+                datum::transform::TransformError::Guest { index: Some(v), .. } => {
+                    assert_eq!(v, reads, "clock {id} at commit time {commit_time}");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+}
