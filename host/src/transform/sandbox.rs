@@ -385,7 +385,7 @@ fn poll_oneoff<T>(
             .checked_mul(each)
             .and_then(|len| start.checked_add(len))
         {
-            Some(end) if end <= size && start % align == 0 => Ok(start..end),
+            Some(end) if end <= size && start.is_multiple_of(align) => Ok(start..end),
             _ => Err(wasmtime::format_err!(
                 "poll_oneoff: {what} at {start} lie outside memory or are misaligned"
             )),
@@ -396,7 +396,7 @@ fn poll_oneoff<T>(
     let nevents = {
         let start = nevents as u32 as usize;
         match start.checked_add(4) {
-            Some(end) if end <= size && start % 4 == 0 => start..end,
+            Some(end) if end <= size && start.is_multiple_of(4) => start..end,
             _ => wasmtime::bail!("poll_oneoff: the event count lies outside memory"),
         }
     };
