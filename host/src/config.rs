@@ -233,7 +233,7 @@ pub struct TransformSpec {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsSpec {
-    /// CPU time per batch (`"1s"`, `"250ms"`).
+    /// Time per batch, on the wall clock (`"1s"`, `"250ms"`).
     pub timeout: Option<Span>,
     /// Fuel per batch (turns on fuel metering for the host).
     pub fuel: Option<u64>,
@@ -245,6 +245,16 @@ pub struct LimitsSpec {
     pub max_output: Option<Size>,
     /// Largest module file.
     pub max_module: Option<Size>,
+    /// Most functions in a module.
+    pub max_functions: Option<Count>,
+    /// Most locals in one function.
+    pub max_locals: Option<Count>,
+    /// Most locals in all of a module's functions.
+    pub max_total_locals: Option<Count>,
+    /// Largest code section (`"8MiB"`).
+    pub max_code: Option<Size>,
+    /// Longest compilation (`"30s"`).
+    pub compile_timeout: Option<Span>,
 }
 
 impl LimitsSpec {
@@ -259,6 +269,17 @@ impl LimitsSpec {
             max_output: self.max_output.map_or(d.max_output, |s| s.0),
             max_module: self.max_module.map_or(d.max_module, |s| s.0),
             max_log: d.max_log,
+            max_functions: self
+                .max_functions
+                .map_or(d.max_functions, |c| u32::try_from(c.0).unwrap_or(u32::MAX)),
+            max_locals: self
+                .max_locals
+                .map_or(d.max_locals, |c| u32::try_from(c.0).unwrap_or(u32::MAX)),
+            max_total_locals: self
+                .max_total_locals
+                .map_or(d.max_total_locals, |c| c.0 as u64),
+            max_code: self.max_code.map_or(d.max_code, |s| s.0),
+            compile_timeout: self.compile_timeout.map_or(d.compile_timeout, |s| s.0),
         }
     }
 }
@@ -772,7 +793,7 @@ batch = { max_rows = 500, max_bytes = "1MiB" }
 module = "mask_pii.wasm"
 name = "mask"
 config = { columns = ["email"], salt = "s" }
-limits = { timeout = "250ms", fuel = 1000000, memory = "16MiB", max_input = 1048576, max_output = "2MB", max_module = "5MiB" }
+limits = { timeout = "250ms", fuel = 1000000, memory = "16MiB", max_input = 1048576, max_output = "2MB", max_module = "5MiB", max_functions = 20000, max_locals = 1000, max_total_locals = 100000, max_code = "4MiB", compile_timeout = "10s" }
 
 [pipeline.sink]
 type = "http"
@@ -792,6 +813,11 @@ retry_max = "1m"
         assert_eq!(limits.memory, 16 << 20);
         assert_eq!(limits.max_output, 2_000_000);
         assert_eq!(limits.fuel, Some(1_000_000));
+        assert_eq!(limits.max_functions, 20_000);
+        assert_eq!(limits.max_locals, 1_000);
+        assert_eq!(limits.max_total_locals, 100_000);
+        assert_eq!(limits.max_code, 4 << 20);
+        assert_eq!(limits.compile_timeout, Duration::from_secs(10));
         match &p.sink {
             SinkSpec::Http {
                 headers, retry_max, ..

@@ -8,10 +8,11 @@
 
 use std::sync::Arc;
 
-use datum_guest::wire::{self, Change as WireChange, Column as WireColumn, Envelope, Output};
-use datum_guest::{Txn, Value};
+use datum_guest::wire::{self, Change as WireChange, Column as WireColumn, GuestError, Output};
+use datum_guest::{Op, Txn, Value};
+use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::ser::{SerializeMap, SerializeSeq};
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::TransformError;
 use crate::batch::{Batch, Change, Column, OldRow, Relation};
@@ -89,24 +90,166 @@ pub fn encode_input<'a>(
     .map_err(|e| TransformError::InvalidOutput(format!("encoding the batch: {e}")))
 }
 
+/// What a result envelope says, read strictly (`docs/abi.md`, "The output").
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    /// `{"changes": [...]}`.
+    Changes(Vec<Output>),
+    /// `{"error": {...}}`.
+    Error(GuestError),
+    /// A map with neither key: `datum_init`'s `{}`.
+    Neither,
+}
+
+/// Reads a result envelope: one MessagePack map with `changes` or `error`
+/// (not both; other keys are ignored, as readers ignore fields they do not
+/// know), and nothing after it. An element of `changes` that is neither an
+/// index nor a change map is reported with its position and why.
+pub fn decode_envelope(bytes: &[u8]) -> Result<Answer, String> {
+    let mut reader = std::io::Cursor::new(bytes);
+    let mut de = rmp_serde::Deserializer::new(&mut reader);
+    let envelope = RawEnvelope::deserialize(&mut de).map_err(|e| match e {
+        rmp_serde::decode::Error::Syntax(why) => why,
+        other => format!("not valid MessagePack: {other}"),
+    })?;
+    let rest = bytes.len() as u64 - reader.position().min(bytes.len() as u64);
+    if rest > 0 {
+        return Err(format!(
+            "{rest} byte{} after the envelope",
+            if rest == 1 { "" } else { "s" }
+        ));
+    }
+    match envelope {
+        RawEnvelope {
+            changes: Some(_),
+            error: Some(_),
+        } => Err("the envelope has both `changes` and `error`".into()),
+        RawEnvelope {
+            changes: Some(changes),
+            error: None,
+        } => Ok(Answer::Changes(changes)),
+        RawEnvelope {
+            changes: None,
+            error: Some(error),
+        } => Ok(Answer::Error(error)),
+        RawEnvelope {
+            changes: None,
+            error: None,
+        } => Ok(Answer::Neither),
+    }
+}
+
+struct RawEnvelope {
+    changes: Option<Vec<Output>>,
+    error: Option<GuestError>,
+}
+
+impl<'de> Deserialize<'de> for RawEnvelope {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<RawEnvelope, D::Error> {
+        struct EnvelopeVisitor;
+        impl<'de> Visitor<'de> for EnvelopeVisitor {
+            type Value = RawEnvelope;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a map with `changes` or `error`")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawEnvelope, A::Error> {
+                let mut envelope = RawEnvelope {
+                    changes: None,
+                    error: None,
+                };
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    match &*key {
+                        "changes" if envelope.changes.is_some() => {
+                            return Err(de::Error::custom("`changes` appears twice"));
+                        }
+                        "changes" => envelope.changes = Some(map.next_value_seed(Outputs)?),
+                        "error" if envelope.error.is_some() => {
+                            return Err(de::Error::custom("`error` appears twice"));
+                        }
+                        "error" => {
+                            envelope.error = Some(map.next_value::<GuestError>().map_err(|e| {
+                                de::Error::custom(format!("`error` is not an error: {e}"))
+                            })?);
+                        }
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(envelope)
+            }
+        }
+        deserializer.deserialize_map(EnvelopeVisitor)
+    }
+}
+
+/// `changes`, each element read on its own so that a bad one is reported
+/// with its position and its cause.
+struct Outputs;
+
+impl<'de> DeserializeSeed<'de> for Outputs {
+    type Value = Vec<Output>;
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Vec<Output>, D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Outputs {
+    type Value = Vec<Output>;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("an array of change indexes and change maps")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Output>, A::Error> {
+        let mut outputs = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+        loop {
+            let position = outputs.len();
+            match seq.next_element::<Output>() {
+                Ok(Some(output)) => outputs.push(output),
+                Ok(None) => return Ok(outputs),
+                Err(e) => {
+                    return Err(de::Error::custom(format!("output change {position}: {e}")));
+                }
+            }
+        }
+    }
+}
+
+/// The part of a change its op cannot go without (`docs/abi.md`, "A
+/// change"), so that a sink never receives an insert with no row.
+fn check_change(change: &WireChange) -> Result<(), String> {
+    let (needs, present) = match change.op {
+        Op::Insert | Op::Update | Op::Snapshot => ("new", change.new.is_some()),
+        Op::Delete => ("old", change.old.is_some()),
+        Op::Truncate => ("truncate", change.truncate.is_some()),
+        Op::Message => ("message", change.message.is_some()),
+    };
+    if present {
+        Ok(())
+    } else {
+        Err(format!("{:?} change without `{needs}`", change.op).to_lowercase())
+    }
+}
+
 /// Resolves a result envelope against the `input` items it answers.
 pub fn decode_output(
     bytes: &[u8],
     input: &[Item],
     source: &Batch,
 ) -> Result<Vec<Item>, TransformError> {
-    let envelope: Envelope = wire::from_msgpack(bytes).map_err(|e| {
-        TransformError::InvalidOutput(format!("the result envelope is not valid MessagePack: {e}"))
-    })?;
-    let outputs = match envelope {
-        Envelope::Error { error } => {
+    let outputs = match decode_envelope(bytes) {
+        Err(why) => {
+            return Err(TransformError::InvalidOutput(format!(
+                "the result envelope is invalid: {why}"
+            )));
+        }
+        Ok(Answer::Error(error)) => {
             return Err(TransformError::Guest {
                 message: error.message,
                 index: error.index,
             });
         }
-        Envelope::Changes { changes } => changes,
-        Envelope::Ok {} => {
+        Ok(Answer::Changes(changes)) => changes,
+        Ok(Answer::Neither) => {
             return Err(TransformError::InvalidOutput(
                 "the result envelope has neither `changes` nor `error`".into(),
             ));
@@ -114,14 +257,18 @@ pub fn decode_output(
     };
     outputs
         .into_iter()
-        .map(|output| match output {
+        .enumerate()
+        .map(|(position, output)| match output {
             Output::Keep(index) => input.get(index as usize).cloned().ok_or_else(|| {
                 TransformError::InvalidOutput(format!(
-                    "kept change {index}, but the batch has {} changes",
+                    "output change {position} keeps change {index}, but the batch has {} changes",
                     input.len()
                 ))
             }),
             Output::Change(mut change) => {
+                check_change(&change).map_err(|why| {
+                    TransformError::InvalidOutput(format!("output change {position}: {why}"))
+                })?;
                 if change.columns.is_empty() {
                     change.columns = infer_columns(&change, input, source);
                 }
@@ -375,6 +522,7 @@ mod tests {
     use super::*;
     use crate::batch::ReplicaIdentity;
     use crate::source::TypeKind;
+    use datum_guest::wire::Envelope;
 
     fn relation() -> Arc<Relation> {
         let column = |name: &str, type_name: &str, key| Column {

@@ -3,14 +3,16 @@
 //!
 //! Owns engine-wide settings: whether fuel is metered (it costs speed, so it
 //! is on only for golden runs and when a pipeline configures fuel), the wasm
-//! stack limit, and the epoch tick that turns a time limit into a deadline.
+//! stack limit, and the epoch tick: how often running wasm stops to compare
+//! the wall clock with its call's deadline (`module.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::TransformError;
 
-/// How often the epoch advances: the granularity of time limits.
+/// How often the epoch advances: the granularity of time limits (a call
+/// running wasm is stopped at the first tick past its deadline).
 pub const EPOCH_TICK: Duration = Duration::from_millis(5);
 
 /// Engine-wide settings.
@@ -141,11 +143,5 @@ impl Engine {
     /// Whether this engine meters fuel.
     pub fn meters_fuel(&self) -> bool {
         self.options.fuel
-    }
-
-    /// Epoch ticks for a time limit (at least one, plus one for the tick in
-    /// progress when the call starts).
-    pub(crate) fn deadline_ticks(timeout: Duration) -> u64 {
-        (timeout.as_nanos() / EPOCH_TICK.as_nanos()).max(1) as u64 + 1
     }
 }

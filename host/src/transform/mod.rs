@@ -7,9 +7,12 @@
 //! encoding of batches and decoding of results ([`encode`]), and chains of
 //! modules ([`chain`]).
 //!
-//! Every call is bounded — CPU time by an epoch deadline, optionally fuel,
-//! memory by a store limiter, input and output sizes, the wasm stack — and
-//! every breach is a [`TransformError`] of its own kind. An instance that
+//! Every call is bounded — time by a wall-clock deadline (checked at each
+//! epoch tick while wasm runs, and cancelling a call that waits in the
+//! host), optionally fuel, memory by a store limiter, input and output sizes,
+//! the wasm stack — and so is compiling a module (functions, locals, code
+//! size, checked before compiling; compile time), and every breach is a
+//! [`TransformError`] of its own kind. An instance that
 //! trapped or breached a limit is discarded and the next call gets a fresh
 //! one. The host never trusts a pointer or length a module returns, and never
 //! panics, hangs or grows without bound because of a module.
@@ -32,7 +35,7 @@ pub use module::{Instance, Module};
 /// Per-module limits, with safe defaults.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// CPU time per call.
+    /// Time per call, on the wall clock.
     pub timeout: Duration,
     /// Fuel per call (instructions, roughly), when the engine meters fuel.
     pub fuel: Option<u64>,
@@ -46,6 +49,17 @@ pub struct Limits {
     pub max_module: usize,
     /// Bytes of stdout and of stderr kept per call.
     pub max_log: usize,
+    /// Most functions (imported and defined) a module may have. Compiling
+    /// costs time and memory per function, whatever its size.
+    pub max_functions: u32,
+    /// Most locals one function may declare.
+    pub max_locals: u32,
+    /// Most locals all of a module's functions may declare together.
+    pub max_total_locals: u64,
+    /// Largest code section (all function bodies), in bytes.
+    pub max_code: usize,
+    /// Longest a module may take to compile.
+    pub compile_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -58,6 +72,11 @@ impl Default for Limits {
             max_output: 64 << 20,
             max_module: 10 << 20,
             max_log: 64 << 10,
+            max_functions: 100_000,
+            max_locals: 50_000,
+            max_total_locals: 1_000_000,
+            max_code: 8 << 20,
+            compile_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -117,6 +136,10 @@ pub enum TransformError {
         /// The limit.
         limit: usize,
     },
+    /// Over a limit on what compiling costs (functions, locals, code size),
+    /// found before compiling, or compiling took longer than allowed.
+    #[error("module is too costly to compile: {0}")]
+    TooComplex(String),
     /// Not valid WebAssembly, or it imports what the host does not provide.
     #[error("module does not load: {0}")]
     Invalid(String),
@@ -126,7 +149,7 @@ pub enum TransformError {
     /// `datum_init` refused the configuration.
     #[error("module initialisation failed: {0}")]
     Init(String),
-    /// The call ran past its CPU time.
+    /// The call ran past its time limit.
     #[error("module ran past its {0:?} time limit")]
     Timeout(Duration),
     /// The call ran out of fuel.
@@ -178,6 +201,7 @@ impl TransformError {
     pub fn kind(&self) -> &'static str {
         match self {
             TransformError::ModuleTooLarge { .. } => "module_too_large",
+            TransformError::TooComplex(_) => "module_too_complex",
             TransformError::Invalid(_) => "invalid_module",
             TransformError::AbiMismatch(_) => "abi_mismatch",
             TransformError::Init(_) => "init_failed",

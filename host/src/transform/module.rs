@@ -1,28 +1,41 @@
 //! A compiled, checked, pre-linked module, and the instance that runs it.
 //!
-//! Owns loading (size limit, compilation, ABI v1 exports, linking WASI
-//! preview 1 and nothing else), instantiation (reactor initialiser,
-//! `datum_init` with the module's configuration), and one call: copying the
-//! input in through `datum_alloc`, calling `datum_transform` under a deadline,
-//! copying the result out through bounds-checked reads, and classifying any
-//! failure. An instance is reused across calls and discarded after any trap
-//! or limit breach.
+//! Owns loading (size limit, the limits on what compiling costs, checked
+//! before compiling, compilation on a thread of its own under a time limit,
+//! ABI v1 exports, linking WASI preview 1 and nothing else), instantiation
+//! (reactor initialiser, `datum_init` with the module's configuration), and
+//! one call: copying the input in through `datum_alloc`, calling
+//! `datum_transform` under a deadline, copying the result out through
+//! bounds-checked reads, and classifying any failure. An instance is reused
+//! across calls and discarded after any trap or limit breach.
+//!
+//! A call's time limit is a wall-clock deadline. Wasm code is stopped at the
+//! first epoch tick past it (the epoch callback reads the wall clock, so a
+//! late ticker does not stretch the limit), and a call waiting in a host
+//! function is dropped when the deadline passes: calls are made with
+//! wasmtime's async API and driven by [`block_on_until`], on the caller's
+//! thread.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use wasmtime::{
     ExternType, InstancePre, Linker, Memory, Store, StoreLimits, StoreLimitsBuilder, TypedFunc,
-    ValType,
+    UpdateDeadline, ValType, WasmParams, WasmResults,
 };
 use wasmtime_wasi::p1::WasiP1Ctx;
 
-use super::engine::Engine;
-use super::sandbox::{CallEnv, Capture, wasi_ctx};
+use super::engine::{EPOCH_TICK, Engine};
+use super::sandbox::{
+    CallEnv, Capture, block_on_until, escape_for_log, replace_waiting_and_trapping_calls, wasi_ctx,
+};
 use super::{Limits, TransformError};
 
 pub(crate) struct Ctx {
     wasi: WasiP1Ctx,
     limits: StoreLimits,
+    /// When the running call must have returned, on the wall clock.
+    deadline: Instant,
 }
 
 /// A loaded module. Cheap to clone.
@@ -95,18 +108,37 @@ impl Module {
         limits: Limits,
         config: Vec<u8>,
     ) -> Result<Module, TransformError> {
+        Module::with_linker(engine, name, wasm, limits, config, |_| Ok(()))
+    }
+
+    /// [`Module::new`], with `extend` adding to the sandbox's imports (tests
+    /// give modules host functions WASI lacks, such as one that never
+    /// returns).
+    fn with_linker(
+        engine: &Engine,
+        name: &str,
+        wasm: &[u8],
+        limits: Limits,
+        config: Vec<u8>,
+        extend: impl FnOnce(&mut Linker<Ctx>) -> wasmtime::Result<()>,
+    ) -> Result<Module, TransformError> {
         if wasm.len() > limits.max_module {
             return Err(TransformError::ModuleTooLarge {
                 size: wasm.len(),
                 limit: limits.max_module,
             });
         }
+        // The text format (tests) becomes the binary one, so that the same
+        // counts apply to it.
+        let binary = wat::parse_bytes(wasm).map_err(|e| TransformError::Invalid(e.to_string()))?;
+        // Before the cache too: a module compiled under other limits must
+        // still meet these.
+        check_compile_cost(&binary, &limits)?;
         let sha256 = sha256_hex(wasm);
         let module = match engine.compiled(&sha256) {
             Some(module) => module,
             None => {
-                let module = wasmtime::Module::new(&engine.inner, wasm)
-                    .map_err(|e| TransformError::Invalid(format!("{e:#}")))?;
+                let module = compile(engine, &binary, limits.compile_timeout)?;
                 engine.keep_compiled(&sha256, &module);
                 module
             }
@@ -114,8 +146,10 @@ impl Module {
         let exports = check_exports(&module)?;
 
         let mut linker: Linker<Ctx> = Linker::new(&engine.inner);
-        wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |ctx: &mut Ctx| &mut ctx.wasi)
+        wasmtime_wasi::p1::add_to_linker_async(&mut linker, |ctx: &mut Ctx| &mut ctx.wasi)
+            .and_then(|()| replace_waiting_and_trapping_calls(&mut linker))
             .map_err(|e| TransformError::Invalid(format!("linking WASI: {e:#}")))?;
+        extend(&mut linker).map_err(|e| TransformError::Invalid(format!("linking: {e:#}")))?;
         let pre = linker.instantiate_pre(&module).map_err(|e| {
             TransformError::Invalid(format!(
                 "{e:#} (a module may import only WASI preview 1 functions)"
@@ -176,6 +210,123 @@ impl Module {
             module: self.clone(),
             live: None,
         }
+    }
+}
+
+/// Refuses a module (binary) whose compilation would cost more than its
+/// limits allow, from what it declares: the number of functions, the locals
+/// of each function and of all of them, and the size of its code. Reading
+/// this is linear in the module's size and compiles nothing; compiling is
+/// not (per function, per local), which is why a small module could
+/// otherwise take minutes and gigabytes to compile.
+fn check_compile_cost(wasm: &[u8], limits: &Limits) -> Result<(), TransformError> {
+    use wasmparser::{Parser, Payload, TypeRef};
+    let invalid = |e: wasmparser::BinaryReaderError| TransformError::Invalid(e.to_string());
+    let too_many_functions = |functions: u64| {
+        TransformError::TooComplex(format!(
+            "{functions} functions, over the {}-function limit (raise max_functions)",
+            limits.max_functions
+        ))
+    };
+    let mut functions: u64 = 0;
+    let mut imported: u64 = 0;
+    let mut bodies: u64 = 0;
+    let mut total_locals: u64 = 0;
+    for payload in Parser::new(0).parse_all(wasm) {
+        match payload.map_err(invalid)? {
+            Payload::ImportSection(reader) => {
+                for import in reader.into_imports() {
+                    if matches!(
+                        import.map_err(invalid)?.ty,
+                        TypeRef::Func(_) | TypeRef::FuncExact(_)
+                    ) {
+                        functions += 1;
+                        imported += 1;
+                    }
+                }
+                if functions > u64::from(limits.max_functions) {
+                    return Err(too_many_functions(functions));
+                }
+            }
+            Payload::FunctionSection(reader) => {
+                functions += u64::from(reader.count());
+                if functions > u64::from(limits.max_functions) {
+                    return Err(too_many_functions(functions));
+                }
+            }
+            Payload::CodeSectionStart { count, size, .. } => {
+                if imported + u64::from(count) > u64::from(limits.max_functions) {
+                    return Err(too_many_functions(imported + u64::from(count)));
+                }
+                if size as usize > limits.max_code {
+                    return Err(TransformError::TooComplex(format!(
+                        "a {size}-byte code section, over the {}-byte limit (raise max_code)",
+                        limits.max_code
+                    )));
+                }
+            }
+            Payload::CodeSectionEntry(body) => {
+                let index = imported + bodies;
+                bodies += 1;
+                let reader = body.get_locals_reader().map_err(invalid)?;
+                let declarations = reader.get_count();
+                let mut locals: u64 = 0;
+                for (n, declaration) in reader.into_iter().enumerate() {
+                    locals += u64::from(declaration.map_err(invalid)?.0);
+                    if locals > u64::from(limits.max_locals) {
+                        let exact = if n + 1 == declarations as usize {
+                            ""
+                        } else {
+                            "at least "
+                        };
+                        return Err(TransformError::TooComplex(format!(
+                            "function {index} declares {exact}{locals} locals, over the {}-local \
+                             limit (raise max_locals)",
+                            limits.max_locals
+                        )));
+                    }
+                }
+                total_locals += locals;
+                if total_locals > limits.max_total_locals {
+                    return Err(TransformError::TooComplex(format!(
+                        "its functions declare {total_locals} locals or more, over the {}-local \
+                         limit for a module (raise max_total_locals)",
+                        limits.max_total_locals
+                    )));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Compiles `wasm` on a thread of its own and waits at most `timeout`. A
+/// compilation past its time is abandoned: it cannot be interrupted, so it
+/// ends in the background and its result is dropped (the counts checked
+/// before bound how long that takes).
+fn compile(
+    engine: &Engine,
+    wasm: &[u8],
+    timeout: Duration,
+) -> Result<wasmtime::Module, TransformError> {
+    let (done, compiled) = std::sync::mpsc::sync_channel(1);
+    let inner = engine.inner.clone();
+    let wasm = wasm.to_vec();
+    std::thread::Builder::new()
+        .name("wasm-compile".into())
+        .spawn(move || {
+            let _ = done.send(wasmtime::Module::new(&inner, &wasm));
+        })
+        .map_err(|e| TransformError::Invalid(format!("starting the compiler thread: {e}")))?;
+    match compiled.recv_timeout(timeout) {
+        Ok(module) => module.map_err(|e| TransformError::Invalid(format!("{e:#}"))),
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(TransformError::TooComplex(
+            format!("compiling took longer than {timeout:?} (raise compile_timeout)"),
+        )),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(TransformError::Invalid(
+            "the compiler stopped without an answer".into(),
+        )),
     }
 }
 
@@ -352,13 +503,23 @@ impl Instance {
                 .tables(4)
                 .trap_on_grow_failure(true)
                 .build(),
+            deadline: Instant::now(),
         };
         let mut store = Store::new(&inner.engine.inner, ctx);
         store.limiter(|ctx| &mut ctx.limits);
+        // Called at every epoch tick while wasm runs: the deadline is on the
+        // wall clock, whatever the ticker's pace.
+        store.epoch_deadline_callback(|ctx| {
+            Ok(if Instant::now() >= ctx.data().deadline {
+                UpdateDeadline::Interrupt
+            } else {
+                UpdateDeadline::Continue(1)
+            })
+        });
         arm(&mut store, &inner.engine, inner.limits);
-        let instance = inner
-            .pre
-            .instantiate(&mut store)
+        let deadline = store.data().deadline;
+        let instance = block_on_until(deadline, inner.pre.instantiate_async(&mut store))
+            .unwrap_or_else(|| Err(wasmtime::Trap::Interrupt.into()))
             .map_err(|e| classify(e, inner.limits, None))?;
         let func_err = |e: wasmtime::Error| TransformError::AbiMismatch(format!("{e:#}"));
         let memory = instance
@@ -397,25 +558,29 @@ impl Instance {
             let init = instance
                 .get_typed_func::<(), ()>(&mut live.store, "_initialize")
                 .map_err(func_err)?;
-            init.call(&mut live.store, ())
-                .map_err(|e| classify(e, inner.limits, None))?;
+            call(&mut live.store, &init, ()).map_err(|e| classify(e, inner.limits, None))?;
         }
         if inner.has_init {
             let init = instance
                 .get_typed_func::<(i32, i32), i64>(&mut live.store, "datum_init")
                 .map_err(func_err)?;
             arm(&mut live.store, &inner.engine, inner.limits);
-            let (ptr, len) = write_input(&mut live, &inner.config)?;
-            let packed = init
-                .call(&mut live.store, (ptr, len))
+            let (ptr, len) = write_input(&mut live, &inner.config, inner.limits)?;
+            let packed = call(&mut live.store, &init, (ptr, len))
                 .map_err(|e| classify(e, inner.limits, None))?;
             if packed != 0 {
                 let bytes = read_output(&mut live, packed, inner.limits)?;
-                match datum_guest::wire::from_msgpack::<datum_guest::Envelope>(&bytes) {
-                    Ok(datum_guest::Envelope::Error { error }) => {
+                match super::encode::decode_envelope(&bytes) {
+                    Ok(super::encode::Answer::Error(error)) => {
                         return Err(TransformError::Init(error.message));
                     }
-                    Ok(_) => {}
+                    Ok(super::encode::Answer::Neither) => {}
+                    Ok(super::encode::Answer::Changes(_)) => {
+                        return Err(TransformError::InvalidOutput(
+                            "datum_init answered with `changes`: it answers `{}` or an error"
+                                .into(),
+                        ));
+                    }
                     Err(e) => {
                         return Err(TransformError::InvalidOutput(format!(
                             "datum_init returned an unreadable envelope: {e}"
@@ -440,13 +605,20 @@ impl Instance {
         live.env.prepare(meta.commit_time, seed(&inner.name, meta));
         arm(&mut live.store, &inner.engine, limits);
         let fuel_before = live.store.get_fuel().ok();
-        let (ptr, len) = write_input(live, input)?;
-        let packed = match live.transform.call(&mut live.store, (ptr, len)) {
+        let (ptr, len) = write_input(live, input, limits)?;
+        let packed = match call(&mut live.store, &live.transform, (ptr, len)) {
             Ok(packed) => packed,
             Err(e) => {
+                // A call stopped at its deadline may have been dropped in
+                // the middle of a host function: ask nothing more of it.
+                let interrupted = matches!(
+                    e.downcast_ref::<wasmtime::Trap>(),
+                    Some(wasmtime::Trap::Interrupt)
+                );
                 let panic = live
                     .panic_message
                     .clone()
+                    .filter(|_| !interrupted)
                     .and_then(|f| panic_message(&mut live.store, live.memory, f));
                 return Err(classify(e, limits, panic));
             }
@@ -473,6 +645,7 @@ impl Instance {
                 continue;
             }
             for line in String::from_utf8_lossy(&captured.bytes).lines() {
+                let line = escape_for_log(line);
                 tracing::info!(module = %name, %lsn, stream, "{line}");
             }
             if captured.dropped > 0 {
@@ -484,11 +657,32 @@ impl Instance {
 
 /// Sets the call's deadline and fuel.
 fn arm(store: &mut Store<Ctx>, engine: &Engine, limits: Limits) {
-    store.set_epoch_deadline(Engine::deadline_ticks(limits.timeout));
-    store.epoch_deadline_trap();
+    set_deadline(store, limits.timeout);
     if engine.meters_fuel() {
         let _ = store.set_fuel(limits.fuel.unwrap_or(u64::MAX));
     }
+}
+
+/// The call ends `timeout` from now, on the wall clock; the epoch callback
+/// looks at the clock from the next tick on.
+fn set_deadline(store: &mut Store<Ctx>, timeout: Duration) {
+    // A year stands for "no limit", and keeps the sum representable.
+    let timeout = timeout.min(Duration::from_secs(365 * 24 * 3600));
+    store.data_mut().deadline = Instant::now() + timeout;
+    store.set_epoch_deadline(1);
+}
+
+/// Calls `f` until it returns or the call's deadline passes; a call stopped
+/// at the deadline is an [`wasmtime::Trap::Interrupt`], as if the epoch
+/// callback had stopped it.
+fn call<P: WasmParams + Sync, R: WasmResults + Sync>(
+    store: &mut Store<Ctx>,
+    f: &TypedFunc<P, R>,
+    params: P,
+) -> wasmtime::Result<R> {
+    let deadline = store.data().deadline;
+    block_on_until(deadline, f.call_async(&mut *store, params))
+        .unwrap_or_else(|| Err(wasmtime::Trap::Interrupt.into()))
 }
 
 /// Deterministic per batch and module.
@@ -500,16 +694,16 @@ fn seed(name: &str, meta: CallMeta) -> u64 {
     h ^ meta.commit_lsn.rotate_left(17) ^ u64::from(meta.chunk).rotate_left(49)
 }
 
-fn write_input(live: &mut Live, input: &[u8]) -> Result<(i32, i32), TransformError> {
+fn write_input(
+    live: &mut Live,
+    input: &[u8],
+    limits: Limits,
+) -> Result<(i32, i32), TransformError> {
     let len = i32::try_from(input.len()).map_err(|_| TransformError::InputTooLarge {
         size: input.len(),
         limit: i32::MAX as usize,
     })?;
-    let limits_unknown = Limits::default();
-    let ptr = live
-        .alloc
-        .call(&mut live.store, len)
-        .map_err(|e| classify(e, limits_unknown, None))?;
+    let ptr = call(&mut live.store, &live.alloc, len).map_err(|e| classify(e, limits, None))?;
     if ptr == 0 && len > 0 {
         return Err(TransformError::InvalidOutput(
             "datum_alloc returned a null pointer".into(),
@@ -546,8 +740,7 @@ fn read_output(live: &mut Live, packed: i64, limits: Limits) -> Result<Vec<u8>, 
         )));
     };
     let output = bytes.to_vec();
-    live.dealloc
-        .call(&mut live.store, (ptr as i32, len as i32))
+    call(&mut live.store, &live.dealloc, (ptr as i32, len as i32))
         .map_err(|e| classify(e, limits, None))?;
     Ok(output)
 }
@@ -555,8 +748,8 @@ fn read_output(live: &mut Live, packed: i64, limits: Limits) -> Result<Vec<u8>, 
 /// Asks a trapped instance for its panic message, carefully: it may trap
 /// again, or return garbage.
 fn panic_message(store: &mut Store<Ctx>, memory: Memory, f: TypedFunc<(), i64>) -> Option<String> {
-    store.set_epoch_deadline(2);
-    let packed = f.call(&mut *store, ()).ok()? as u64;
+    set_deadline(store, 2 * EPOCH_TICK);
+    let packed = call(store, &f, ()).ok()? as u64;
     if packed == 0 {
         return None;
     }
@@ -595,4 +788,61 @@ fn classify(err: wasmtime::Error, limits: Limits, panic: Option<String>) -> Tran
         None => trap,
     };
     TransformError::Trap { message, backtrace }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transform::engine::EngineOptions;
+
+    /// A module whose `datum_transform` calls a host function that never
+    /// returns.
+    const NEVER: &str = r#"(module
+  (import "test" "never" (func $never))
+  (memory (export "memory") 1)
+  (func (export "datum_abi_v1"))
+  (func (export "datum_alloc") (param i32) (result i32) (i32.const 16))
+  (func (export "datum_dealloc") (param i32 i32))
+  (func (export "datum_transform") (param i32 i32) (result i64)
+    (call $never)
+    (i64.const 0)))"#;
+
+    #[test]
+    fn a_host_call_that_never_returns_ends_at_the_wall_clock_deadline() {
+        let engine = Engine::new(EngineOptions::default()).expect("engine");
+        let limits = Limits {
+            timeout: Duration::from_millis(200),
+            ..Limits::default()
+        };
+        let module = Module::with_linker(&engine, "never", NEVER.as_bytes(), limits, vec![], |l| {
+            l.func_wrap_async("test", "never", |_: wasmtime::Caller<'_, Ctx>, (): ()| {
+                Box::new(std::future::pending::<()>())
+            })?;
+            Ok(())
+        })
+        .expect("loads");
+        let mut instance = module.instance();
+        let started = Instant::now();
+        let err = instance
+            .call(b"\x80", CallMeta::default())
+            .expect_err("the call cannot finish");
+        let elapsed = started.elapsed();
+        assert_eq!(err.kind(), "timeout", "{err}");
+        assert!(elapsed >= Duration::from_millis(200), "{elapsed:?}");
+        assert!(elapsed < Duration::from_secs(10), "{elapsed:?}");
+        assert!(!instance.is_live(), "the instance is discarded");
+    }
+
+    #[test]
+    fn log_lines_escape_every_control_character() {
+        let line = "a\rb\0c\u{1b}[31md\te\u{7f}f\u{85}g\u{202e}h\u{2066}i ok é";
+        assert_eq!(
+            escape_for_log(line),
+            r"a\rb\0c\u{1b}[31md\te\u{7f}f\u{85}g\u{202e}h\u{2066}i ok é"
+        );
+        assert!(matches!(
+            escape_for_log("plain text"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+    }
 }

@@ -398,3 +398,454 @@ fn a_chatty_module_is_capped_not_failed() {
     let written = probe(&engine(), body, 1);
     assert_eq!(written, 65536, "each write is accepted whole");
 }
+
+/// A module whose bad batch answers with exactly `envelope`.
+fn answering(envelope: &[u8]) -> String {
+    let escaped: String = envelope.iter().map(|b| format!("\\{b:02x}")).collect();
+    let packed = (1024u64 << 32) | envelope.len() as u64;
+    adversarial(
+        &format!("(i64.const {packed})"),
+        &format!(r#"(data (i32.const 1024) "{escaped}")"#),
+    )
+}
+
+/// MessagePack of `value` (a JSON value, maps in order).
+fn msgpack(value: serde_json::Value) -> Vec<u8> {
+    rmp_serde::to_vec(&value).expect("msgpack")
+}
+
+/// The error of the bad batch for a module answering `envelope`, after
+/// which the next good batch must still run.
+fn answered(envelope: &[u8]) -> datum::transform::chain::ChainError {
+    let engine = engine();
+    let module = load(&engine, &answering(envelope), Limits::default());
+    let mut chain = Chain::new(std::slice::from_ref(&module));
+    let err = chain.run(batch(BAD)).expect_err("the envelope is refused");
+    chain.run(batch(GOOD)).expect("the next good batch runs");
+    err
+}
+
+#[test]
+fn an_envelope_with_both_changes_and_error_is_invalid_output() {
+    let err = answered(&msgpack(serde_json::json!({
+        "changes": [],
+        "error": {"message": "which one?"}
+    })));
+    assert_eq!(err.error.kind(), "invalid_output", "{err}");
+    assert!(err.to_string().contains("both"), "{err}");
+}
+
+#[test]
+fn bytes_after_the_envelope_are_invalid_output() {
+    let mut envelope = msgpack(serde_json::json!({"changes": [0]}));
+    envelope.push(0xc0);
+    let err = answered(&envelope);
+    assert_eq!(err.error.kind(), "invalid_output", "{err}");
+    assert!(err.to_string().contains("1 byte after"), "{err}");
+}
+
+#[test]
+fn a_change_without_the_row_its_op_needs_is_invalid_output() {
+    for (change, needs) in [
+        (
+            serde_json::json!({"op": "insert", "schema": "public", "table": "users"}),
+            "`new`",
+        ),
+        (
+            serde_json::json!({"op": "update", "schema": "public", "table": "users", "old": {"id": 1}}),
+            "`new`",
+        ),
+        (
+            serde_json::json!({"op": "snapshot", "schema": "public", "table": "users"}),
+            "`new`",
+        ),
+        (
+            serde_json::json!({"op": "delete", "schema": "public", "table": "users", "new": {"id": 1}}),
+            "`old`",
+        ),
+        (
+            serde_json::json!({"op": "truncate", "schema": "public", "table": "users"}),
+            "`truncate`",
+        ),
+        (serde_json::json!({"op": "message"}), "`message`"),
+    ] {
+        let err = answered(&msgpack(serde_json::json!({"changes": [0, change]})));
+        assert_eq!(err.error.kind(), "invalid_output", "{change}: {err}");
+        let text = err.to_string();
+        assert!(text.contains(needs), "{change}: {text}");
+        assert!(text.contains("output change 1"), "{change}: {text}");
+    }
+}
+
+#[test]
+fn a_bad_output_element_is_reported_with_its_cause() {
+    for (element, cause) in [
+        (serde_json::json!(-1), "negative"),
+        (serde_json::json!(1.5), "floating point"),
+        (serde_json::json!("0"), "string"),
+        (
+            serde_json::json!({"op": "upsert", "schema": "public", "table": "users"}),
+            "upsert",
+        ),
+    ] {
+        let err = answered(&msgpack(serde_json::json!({"changes": [0, element]})));
+        assert_eq!(err.error.kind(), "invalid_output", "{element}: {err}");
+        let text = err.to_string();
+        assert!(text.contains(cause), "{element}: {text}");
+        assert!(text.contains("output change 1"), "{element}: {text}");
+        assert!(!text.contains("neither"), "{element}: {text}");
+    }
+    // An envelope of neither shape still says so.
+    let err = answered(&msgpack(serde_json::json!({"result": []})));
+    assert_eq!(err.error.kind(), "invalid_output", "{err}");
+    assert!(err.to_string().contains("neither"), "{err}");
+}
+
+fn leb128(mut value: u64, out: &mut Vec<u8>) {
+    loop {
+        let byte = (value & 0x7f) as u8;
+        value >>= 7;
+        if value == 0 {
+            out.push(byte);
+            return;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
+fn section(id: u8, body: &[u8], out: &mut Vec<u8>) {
+    out.push(id);
+    leb128(body.len() as u64, out);
+    out.extend_from_slice(body);
+}
+
+/// A binary module of `functions` functions `() -> ()`, each declaring
+/// `locals` i32 locals and doing nothing: small on disk, costly to compile.
+fn many_functions(functions: u32, locals: u32) -> Vec<u8> {
+    let mut module = b"\0asm\x01\0\0\0".to_vec();
+    section(1, &[1, 0x60, 0, 0], &mut module);
+    let mut funcs = Vec::new();
+    leb128(functions.into(), &mut funcs);
+    funcs.resize(funcs.len() + functions as usize, 0);
+    section(3, &funcs, &mut module);
+    let mut body = Vec::new();
+    if locals == 0 {
+        body.push(0);
+    } else {
+        body.push(1);
+        leb128(locals.into(), &mut body);
+        body.push(0x7f);
+    }
+    body.push(0x0b);
+    let mut code = Vec::new();
+    leb128(functions.into(), &mut code);
+    for _ in 0..functions {
+        leb128(body.len() as u64, &mut code);
+        code.extend_from_slice(&body);
+    }
+    section(10, &code, &mut module);
+    module
+}
+
+/// Loads `wasm` on a thread that must answer within 60 s.
+fn load_within(wasm: Vec<u8>, limits: Limits) -> Result<(), String> {
+    within(Duration::from_secs(60), move || {
+        Module::new(&engine(), "bomb", &wasm, limits, vec![0x80])
+            .map(drop)
+            .map_err(|e| format!("{}: {e}", e.kind()))
+    })
+    .unwrap_or_else(|| Err("compiling did not end within 60 s".into()))
+}
+
+#[test]
+fn a_module_of_300000_empty_functions_is_refused_before_it_compiles() {
+    let wasm = many_functions(300_000, 0);
+    assert!(
+        wasm.len() < Limits::default().max_module,
+        "under the size limit"
+    );
+    let started = Instant::now();
+    let err = load_within(wasm, Limits::default()).expect_err("too many functions");
+    assert!(err.starts_with("module_too_complex:"), "{err}");
+    assert!(err.contains("300000 functions"), "{err}");
+    assert!(err.contains("max_functions"), "names the limit: {err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "refused before compiling, took {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn a_function_with_too_many_locals_is_refused_before_it_compiles() {
+    let limits = Limits {
+        max_locals: 1_000,
+        ..Limits::default()
+    };
+    let err = load_within(many_functions(1, 5_000), limits).expect_err("too many locals");
+    assert!(err.starts_with("module_too_complex:"), "{err}");
+    assert!(err.contains("5000 locals"), "{err}");
+    // Many functions each under the per-function limit add up to too many
+    // locals for the module.
+    let err = load_within(many_functions(2_000, 40_000), Limits::default())
+        .expect_err("too many locals in all");
+    assert!(err.starts_with("module_too_complex:"), "{err}");
+    assert!(err.contains("max_total_locals"), "{err}");
+}
+
+#[test]
+fn too_much_code_is_refused_before_it_compiles() {
+    let limits = Limits {
+        max_code: 64 << 10,
+        ..Limits::default()
+    };
+    let err = load_within(many_functions(30_000, 0), limits).expect_err("too much code");
+    assert!(err.starts_with("module_too_complex:"), "{err}");
+    assert!(err.contains("max_code"), "{err}");
+}
+
+#[test]
+fn compiling_past_its_time_limit_is_a_typed_error() {
+    // Under every count, but given no time to compile in.
+    let limits = Limits {
+        compile_timeout: Duration::from_millis(1),
+        ..Limits::default()
+    };
+    let err = load_within(many_functions(20_000, 0), limits).expect_err("too slow");
+    assert!(err.starts_with("module_too_complex:"), "{err}");
+    assert!(err.contains("compile_timeout"), "{err}");
+}
+
+/// Runs `f` on a thread of its own and waits at most `limit` for it: `None`
+/// means it hung (the thread is left behind; the test fails).
+fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    let (done, result) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(f());
+    });
+    result.recv_timeout(limit).ok()
+}
+
+/// A probe like [`probe`] with limits of its own, run on a thread that
+/// must answer within 30 s whatever the module does.
+fn probe_within(body: &str, extra: &str, limits: Limits) -> Result<u32, String> {
+    let module = adversarial(body, &format!("{extra}\n{PROBE_IMPORTS}"));
+    within(Duration::from_secs(30), move || {
+        let engine = engine();
+        let module = load(&engine, &module, limits);
+        match Chain::new(std::slice::from_ref(&module)).run(batch(BAD)) {
+            Err(err) => match err.error {
+                datum::transform::TransformError::Guest { index: Some(v), .. } => Ok(v),
+                other => Err(format!("{} ({other})", other.kind())),
+            },
+            Ok(_) => Err("the probe answered changes".into()),
+        }
+    })
+    .unwrap_or_else(|| Err("the call did not return within 30 s".into()))
+}
+
+const POLL_IMPORT: &str = r#"
+  (import "wasi_snapshot_preview1" "poll_oneoff"
+    (func $poll (param i32 i32 i32 i32) (result i32)))"#;
+
+/// Writes a clock subscription (userdata 7) at 512 with `clock`, `timeout`
+/// and `flags`, polls it with an event buffer at 1024, and answers
+/// `event.error << 24 | errno << 16 | nevents << 8 | event.userdata`.
+fn sleep_probe(clock: i32, timeout: i64, flags: i32) -> String {
+    format!(
+        "(i64.store (i32.const 512) (i64.const 7)) \
+         (i32.store8 (i32.const 520) (i32.const 0)) \
+         (i32.store (i32.const 528) (i32.const {clock})) \
+         (i64.store (i32.const 536) (i64.const {timeout})) \
+         (i64.store (i32.const 544) (i64.const 0)) \
+         (i32.store16 (i32.const 552) (i32.const {flags})) \
+         (i64.store (i32.const 1024) (i64.const 0xffff)) \
+         (local.set $len (call $poll (i32.const 512) (i32.const 1024) (i32.const 1) (i32.const 2048))) \
+         (call $answer (i32.or (i32.or \
+            (i32.shl (i32.load16_u (i32.const 1032)) (i32.const 24)) \
+            (i32.shl (local.get $len) (i32.const 16))) \
+            (i32.or (i32.shl (i32.load (i32.const 2048)) (i32.const 8)) \
+                    (i32.load8_u (i32.const 1024)))))"
+    )
+}
+
+#[test]
+fn poll_oneoff_with_an_endless_sleep_ends_within_the_time_limit() {
+    let limits = Limits {
+        timeout: Duration::from_millis(200),
+        ..Limits::default()
+    };
+    let started = Instant::now();
+    // A relative sleep of 2^64 - 1 ns on the monotonic clock: the batch's
+    // clock stands still, so the sleep is over at once.
+    let answer = probe_within(&sleep_probe(1, -1, 0), POLL_IMPORT, limits);
+    assert_eq!(
+        answer,
+        Ok(0x0000_0107),
+        "success, one clock event, userdata 7"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        started.elapsed()
+    );
+    // The same on the realtime clock, and an absolute deadline far ahead.
+    assert_eq!(
+        probe_within(&sleep_probe(0, -1, 0), POLL_IMPORT, limits),
+        Ok(0x0000_0107)
+    );
+    assert_eq!(
+        probe_within(&sleep_probe(1, -1, 1), POLL_IMPORT, limits),
+        Ok(0x0000_0107)
+    );
+}
+
+#[test]
+fn poll_oneoff_answers_errors_as_errnos() {
+    let limits = Limits::default();
+    // The process CPU clock is not a clock one can sleep on: EINVAL (28).
+    assert_eq!(
+        probe_within(&sleep_probe(2, 1, 0), POLL_IMPORT, limits),
+        Ok(28 << 16 | 0xff),
+        "errno EINVAL, no event written"
+    );
+    // No subscription at all: EINVAL as well.
+    let none = "(call $answer (call $poll (i32.const 512) (i32.const 1024) (i32.const 0) (i32.const 2048)))";
+    assert_eq!(probe_within(none, POLL_IMPORT, limits), Ok(28));
+    // fd_write on stdout is ready, fd_read on a descriptor that does not
+    // exist is EBADF (8).
+    let fd = |tag: i32, fd: i32| {
+        format!(
+            "(i32.store8 (i32.const 520) (i32.const {tag})) \
+             (i32.store (i32.const 528) (i32.const {fd})) \
+             (i32.store8 (i32.const 1034) (i32.const 0xff)) \
+             (local.set $len (call $poll (i32.const 512) (i32.const 1024) (i32.const 1) (i32.const 2048))) \
+             (call $answer (i32.or (i32.shl (local.get $len) (i32.const 8)) (i32.load8_u (i32.const 1034))))"
+        )
+    };
+    assert_eq!(
+        probe_within(&fd(2, 1), POLL_IMPORT, limits),
+        Ok(2),
+        "success, an fd_write event"
+    );
+    assert_eq!(
+        probe_within(&fd(1, 9), POLL_IMPORT, limits),
+        Ok(8 << 8 | 0xff)
+    );
+}
+
+/// Collects what a tracing subscriber writes.
+#[derive(Clone, Default)]
+struct Log(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Log {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn module_stdout_reaches_text_logs_with_control_characters_escaped() {
+    // "A\rB\0C\x1b[2J\tD\u{202e}E\n": a carriage return that would rewrite
+    // the log line, a NUL, a terminal escape, a tab and a bidi override.
+    let text = b"A\rB\0C\x1b[2J\tD\xe2\x80\xaeE\n";
+    let escaped: String = text.iter().map(|b| format!("\\{b:02x}")).collect();
+    let body = format!(
+        "(i32.store (i32.const 600) (i32.const 700)) \
+         (i32.store (i32.const 604) (i32.const {})) \
+         (drop (call $fd_write (i32.const 1) (i32.const 600) (i32.const 1) (i32.const 608))) \
+         (call $answer (i32.const 1))",
+        text.len()
+    );
+    let module = adversarial(
+        &body,
+        &format!(r#"{PROBE_IMPORTS} (data (i32.const 700) "{escaped}")"#),
+    );
+    let log = Log::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        let engine = engine();
+        let module = load(&engine, &module, Limits::default());
+        let _ = Chain::new(std::slice::from_ref(&module)).run(batch(BAD));
+    });
+    let log = String::from_utf8(log.0.lock().expect("lock").clone()).expect("utf-8");
+    let line = log
+        .lines()
+        .find(|l| l.contains("stream=\"stdout\""))
+        .unwrap_or_else(|| panic!("no stdout line in:\n{log}"));
+    assert!(
+        line.contains(r"A\rB\0C\u{1b}[2J\tD\u{202e}E"),
+        "escaped: {line:?}"
+    );
+    for raw in ['\r', '\0', '\x1b', '\t', '\u{202e}'] {
+        assert!(!log.contains(raw), "{raw:?} reached the log: {log:?}");
+    }
+}
+
+#[test]
+fn path_open_with_every_rights_bit_set_returns_an_errno() {
+    let imports = r#"
+  (import "wasi_snapshot_preview1" "path_open"
+    (func $path_open (param i32 i32 i32 i32 i32 i64 i64 i32 i32) (result i32)))
+  (data (i32.const 64) "/etc/passwd")"#;
+    for (dirfd, flags) in [(3, -1), (1, -1), (3, 0)] {
+        let body = format!(
+            "(call $answer (call $path_open (i32.const {dirfd}) (i32.const {flags}) (i32.const 64) \
+               (i32.const 11) (i32.const {flags}) (i64.const -1) (i64.const -1) (i32.const {flags}) \
+               (i32.const 256)))"
+        );
+        assert_eq!(
+            probe_within(&body, imports, Limits::default()),
+            Ok(8),
+            "EBADF (nothing is preopened) for dirfd {dirfd}, flags {flags}"
+        );
+    }
+}
+
+#[test]
+fn clocks_outside_what_wasi_represents_read_its_nearest_time() {
+    // WASI's timestamps are unsigned nanoseconds since 1970: a commit time
+    // before 1970 reads 1970-01-01 00:00:00, one past 2554 the last
+    // nanosecond WASI has, on both clocks (the batch's `commit_time` keeps
+    // the real value).
+    let engine = engine();
+    let clock = |id: i32| {
+        format!(
+            "(i64.store (i32.const 512) (i64.const 0x5555555555555555)) \
+             (drop (call $clock (i32.const {id}) (i64.const 1) (i32.const 512))) \
+             (call $answer (i32.wrap_i64 (i64.load (i32.const 512))))"
+        )
+    };
+    for (commit_time, reads) in [(-1_000_000, 0), (i64::MAX, u32::MAX)] {
+        for id in [0, 1] {
+            let module = load(
+                &engine,
+                &adversarial(&clock(id), PROBE_IMPORTS),
+                Limits::default(),
+            );
+            let mut bad = batch(BAD);
+            bad.txn.commit_time = commit_time;
+            let err = Chain::new(std::slice::from_ref(&module))
+                .run(bad)
+                .expect_err("the probe answers with an error");
+            match err.error {
+                datum::transform::TransformError::Guest { index: Some(v), .. } => {
+                    assert_eq!(v, reads, "clock {id} at commit time {commit_time}");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+}
