@@ -1216,3 +1216,28 @@ async fn datum_admin_drives_a_host_with_a_generated_token() {
     assert_eq!(code, Some(2), "{err}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A configuration file whose `[admin] token` line is broken does not put
+/// the token in `datum run`'s error. (toml's report quotes the offending
+/// line, literal secrets included.)
+#[test]
+fn a_broken_config_line_does_not_echo_its_secret() {
+    let dir = temp_dir("admin-config-secret");
+    let secret = "hunter2-e8f0c1d2b3a4";
+    let config = format!(
+        "[admin]\nlisten = \"127.0.0.1:1\"\ntoken = \"{secret}\" trailing\n\n[[pipeline]]\n\
+         name = \"x\"\nsource.url = \"postgres://localhost/x\"\nsink.type = \"stdout\"\n"
+    );
+    let path = dir.join("datum.toml");
+    std::fs::write(&path, config).expect("config");
+    let output = std::process::Command::new(datum_tests::datum_bin())
+        .arg("run")
+        .arg(&path)
+        .output()
+        .expect("datum run");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("line 3"), "the line is still named: {stderr}");
+    assert!(!stderr.contains(secret), "the secret was echoed: {stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
