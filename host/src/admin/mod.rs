@@ -751,47 +751,76 @@ fn run_fixtures(
     config: &str,
     fixtures: &[(String, Vec<u8>)],
 ) -> Result<u64, SwapError> {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "datum-upload-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ));
     let internal = |e: std::io::Error| SwapError::Internal(format!("fixtures: {e}"));
-    std::fs::create_dir_all(&dir).map_err(internal)?;
-    let result = (|| {
-        let module = dir.join("module.wasm");
-        std::fs::write(&module, wasm).map_err(internal)?;
-        if !fixtures.iter().any(|(name, _)| name == "config.toml") {
-            std::fs::write(dir.join("config.toml"), config).map_err(internal)?;
-        }
-        for (name, bytes) in fixtures {
-            std::fs::write(dir.join(name), bytes).map_err(internal)?;
-        }
-        let mut report = Vec::new();
-        let summary = crate::golden::run_suite(
-            &module,
-            &dir,
-            &crate::golden::Options::default(),
-            &mut report,
-        )
-        .map_err(|e| SwapError::Fixtures {
-            failed: 1,
-            total: 1,
-            report: e.to_string(),
-        })?;
-        if summary.failed > 0 {
-            return Err(SwapError::Fixtures {
-                failed: summary.failed,
-                total: summary.failed + summary.passed,
-                report: String::from_utf8_lossy(&report).into_owned(),
-            });
-        }
-        Ok(summary.passed as u64)
-    })();
-    let _ = std::fs::remove_dir_all(&dir);
-    result
+    // Removed when it goes out of scope, whatever the outcome.
+    let private = PrivateDir::new().map_err(internal)?;
+    let dir = private.path();
+    let module = dir.join("module.wasm");
+    write_new(&module, wasm).map_err(internal)?;
+    if !fixtures.iter().any(|(name, _)| name == "config.toml") {
+        write_new(&dir.join("config.toml"), config.as_bytes()).map_err(internal)?;
+    }
+    for (name, bytes) in fixtures {
+        write_new(&dir.join(name), bytes).map_err(internal)?;
+    }
+    let mut report = Vec::new();
+    let summary = crate::golden::run_suite(
+        &module,
+        dir,
+        &crate::golden::Options::default(),
+        &mut report,
+    )
+    .map_err(|e| SwapError::Fixtures {
+        failed: 1,
+        total: 1,
+        report: e.to_string(),
+    })?;
+    if summary.failed > 0 {
+        return Err(SwapError::Fixtures {
+            failed: summary.failed,
+            total: summary.failed + summary.passed,
+            report: String::from_utf8_lossy(&report).into_owned(),
+        });
+    }
+    Ok(summary.passed as u64)
+}
+
+/// A directory only this process's user can enter, made by `mkdtemp(3)`
+/// in the temporary directory: a fresh random name, created atomically
+/// with mode 0700, so nothing another local user prepared (a directory of
+/// the same name, symlinks in it) is ever used. Removed on drop.
+#[derive(Debug)]
+struct PrivateDir(std::path::PathBuf);
+
+impl PrivateDir {
+    fn new() -> std::io::Result<PrivateDir> {
+        nix::unistd::mkdtemp(&std::env::temp_dir().join("datum-upload-XXXXXX"))
+            .map(PrivateDir)
+            .map_err(std::io::Error::from)
+    }
+
+    fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for PrivateDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Writes a file that must not exist yet (`O_EXCL`: never through a
+/// symlink), readable by this user only.
+fn write_new(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?
+        .write_all(bytes)
 }
 
 async fn upload(

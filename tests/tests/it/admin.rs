@@ -1217,6 +1217,94 @@ async fn datum_admin_drives_a_host_with_a_generated_token() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// An upload with fixtures works even when another local user planted, in
+/// the temporary directory, every predictable name the host could pick, each
+/// with symlinks to a file of the host's account — and that file is left
+/// alone. (Fixtures went to `/tmp/datum-upload-<pid>-<n>`, created with
+/// `create_dir_all`, written with `fs::write`: an existing directory was
+/// accepted and its symlinks followed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_with_fixtures_ignores_a_planted_temporary_directory_and_its_symlinks() {
+    use std::os::unix::fs::PermissionsExt;
+    let setup = Setup::new("admin-tmp-plant").await;
+    let (pg, dir, port) = (&setup.pg, &setup.dir, setup.port);
+    let tmp = dir.join("tmp");
+    std::fs::create_dir_all(&tmp).expect("tmp");
+    let victim = dir.join("victim.secret");
+    std::fs::write(&victim, "precious\n").expect("victim");
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).expect("0600");
+    let host = Host::start_with(
+        dir,
+        &config(pg, port, "max_upload = \"8MiB\"", &tagger_transform()),
+        |command| {
+            command.env("TMPDIR", &tmp);
+        },
+    );
+    let admin = Admin::new(port);
+    admin.wait_running(&host).await;
+    // The names the host would have used for its first uploads, each full
+    // of symlinks to the victim.
+    let names = [
+        "module.wasm",
+        "config.toml",
+        "one.input.json",
+        "one.expected.json",
+    ];
+    for n in 0..8 {
+        let planted = tmp.join(format!("datum-upload-{}-{n}", host.pid()));
+        std::fs::create_dir_all(&planted).expect("plant");
+        std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o777)).expect("777");
+        for name in names {
+            std::os::unix::fs::symlink(&victim, planted.join(name)).expect("symlink");
+        }
+    }
+    let wasm = example_wasm("tagger");
+    let input =
+        br#"{"changes": [{"op": "insert", "table": "t", "key": ["id"], "new": {"id": 1}}]}"#;
+    let expected = br#"{"changes": [{"op": "insert", "table": "t", "key": ["id"], "new": {"id": 1, "tag": "v1"}}]}"#;
+    let parts: [(&str, Option<&str>, &[u8]); 4] = [
+        ("module", Some("tagger.wasm"), &wasm),
+        ("config", None, b"tag = \"v1\""),
+        ("fixture", Some("one.input.json"), input),
+        ("fixture", Some("one.expected.json"), expected),
+    ];
+    let path = "/v1/pipelines/p/modules/tagger/versions";
+    let (status, body) = admin
+        .upload_parts(&format!("{path}?dry_run=true"), &parts)
+        .await;
+    assert_eq!(
+        std::fs::read_to_string(&victim).expect("victim"),
+        "precious\n",
+        "the upload wrote through a planted symlink (answer {status} {body})"
+    );
+    assert_eq!(
+        (status, body["fixtures"].as_u64()),
+        (200, Some(1)),
+        "{body}"
+    );
+    let (status, body) = admin.upload_parts(path, &parts).await;
+    assert_eq!(
+        (status, body["fixtures"].as_u64()),
+        (201, Some(1)),
+        "{body}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&victim).expect("victim"),
+        "precious\n"
+    );
+    // Nothing of the host's is left in the temporary directory.
+    let left: Vec<String> = std::fs::read_dir(&tmp)
+        .expect("tmp")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| !name.starts_with(&format!("datum-upload-{}-", host.pid())))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let (status, log) = host.stop(30);
+    assert!(status.success(), "{log}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// A configuration file whose `[admin] token` line is broken does not put
 /// the token in `datum run`'s error. (toml's report quotes the offending
 /// line, literal secrets included.)
