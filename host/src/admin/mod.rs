@@ -887,15 +887,30 @@ async fn rollback(
     struct Body {
         version: Option<u64>,
     }
+    let refused = |why: String| {
+        ApiError::bad_request(format!(
+            "the body: {why} (send {{\"version\": N}} or nothing)"
+        ))
+    };
     let to = if body.iter().all(u8::is_ascii_whitespace) {
         None
     } else {
-        serde_json::from_slice::<Body>(&body)
-            .map_err(|e| {
-                ApiError::bad_request(format!(
-                    "the body: {e} (send {{\"version\": N}} or nothing)"
-                ))
-            })?
+        // An object, and only an object: serde's derive would also take a
+        // struct from an array, reading `[1]` as `{"version": 1}`.
+        let value: Json = serde_json::from_slice(&body).map_err(|e| refused(e.to_string()))?;
+        let kind = match &value {
+            Json::Object(_) => None,
+            Json::Array(_) => Some("an array"),
+            Json::String(_) => Some("a string"),
+            Json::Number(_) => Some("a number"),
+            Json::Bool(_) => Some("a boolean"),
+            Json::Null => Some("null"),
+        };
+        if let Some(kind) = kind {
+            return Err(refused(format!("a JSON object is expected, not {kind}")));
+        }
+        serde_json::from_value::<Body>(value)
+            .map_err(|e| refused(e.to_string()))?
             .version
     };
     let control = app.pipeline(&pipeline)?.clone();

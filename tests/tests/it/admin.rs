@@ -1305,6 +1305,37 @@ async fn an_upload_with_fixtures_ignores_a_planted_temporary_directory_and_its_s
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A rollback body must be a JSON object (or nothing). (`[1]` was read as
+/// `{"version": 1}`: serde's derive takes a struct from a sequence too.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_body_that_is_not_an_object_is_refused() {
+    let dir = temp_dir("admin-rollback-body");
+    let port = free_port();
+    let _server = serve_alone(
+        &dir,
+        "rollback",
+        &format!("listen = \"127.0.0.1:{port}\"\ntoken = \"{TOKEN}\""),
+    )
+    .await
+    .expect("serve");
+    let admin = Admin::new(port);
+    let path = "/v1/pipelines/p/modules/m/rollback";
+    for body in [json!([1]), json!([]), json!(1), json!("1"), json!(null)] {
+        let (status, answer) = admin.post(path, body.clone()).await;
+        assert_eq!(
+            (status, answer["error"]["code"].as_str()),
+            (400, Some("invalid_request")),
+            "{body}: {answer}"
+        );
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("{\"version\": N}"), "{body}: {message}");
+    }
+    // An object still reaches the pipeline lookup (none here: 404).
+    let (status, answer) = admin.post(path, json!({"version": 1})).await;
+    assert_eq!(status, 404, "{answer}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A configuration file whose `[admin] token` line is broken does not put
 /// the token in `datum run`'s error. (toml's report quotes the offending
 /// line, literal secrets included.)
