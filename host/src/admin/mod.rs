@@ -159,12 +159,24 @@ pub async fn serve(
         .map(|t| t.0.clone())
         .or_else(|| std::env::var("DATUM_ADMIN_TOKEN").ok())
         .filter(|t| !t.is_empty());
-    if configured.is_none() && !listen.ip().is_loopback() {
-        return Err(format!(
-            "refusing to listen on {listen} without a token: anyone who can reach it could \
-             swap modules. Set [admin] token = \"${{DATUM_ADMIN_TOKEN}}\" (or the \
-             DATUM_ADMIN_TOKEN variable), or listen on 127.0.0.1"
-        ));
+    if !listen.ip().is_loopback() {
+        match &configured {
+            None => {
+                return Err(format!(
+                    "refusing to listen on {listen} without a token: anyone who can reach it \
+                     could swap modules. Set [admin] token = \"${{DATUM_ADMIN_TOKEN}}\" (or the \
+                     DATUM_ADMIN_TOKEN variable), or listen on 127.0.0.1"
+                ));
+            }
+            Some(token) => strong_enough(token).map_err(|why| {
+                format!(
+                    "refusing to listen on {listen} with this token: {why}. Anyone who can \
+                     reach the address could guess it and swap modules. Use at least \
+                     {MIN_TOKEN_BYTES} bytes of random data, e.g. `openssl rand -hex 32`, or \
+                     listen on 127.0.0.1"
+                )
+            })?,
+        }
     }
     let token = match configured {
         Some(token) => token,
@@ -199,15 +211,68 @@ pub async fn serve(
     }))
 }
 
+/// The shortest token accepted for a non-loopback listen.
+const MIN_TOKEN_BYTES: usize = 32;
+
+/// Why `token` is too weak to guard a non-loopback listen, if it is: fewer
+/// than [`MIN_TOKEN_BYTES`] bytes, or so repetitive that its length says
+/// little (one piece repeated, fewer than 8 distinct characters, or under
+/// 128 bits by its own character frequencies). Never quotes the token.
+fn strong_enough(token: &str) -> Result<(), String> {
+    let bytes = token.as_bytes();
+    if bytes.len() < MIN_TOKEN_BYTES {
+        return Err(format!(
+            "it is {} bytes; a token needs at least {MIN_TOKEN_BYTES} bytes",
+            bytes.len()
+        ));
+    }
+    let mut counts = [0usize; 256];
+    for &b in bytes {
+        counts[usize::from(b)] += 1;
+    }
+    let distinct = counts.iter().filter(|&&c| c > 0).count();
+    let n = bytes.len() as f64;
+    let bits: f64 = counts
+        .iter()
+        .filter(|&&c| c > 0)
+        .map(|&c| {
+            let p = c as f64 / n;
+            -p * p.log2() * n
+        })
+        .sum();
+    let repeated = (1..=bytes.len() / 2).any(|period| {
+        bytes.len() % period == 0 && bytes.chunks(period).all(|c| c == &bytes[..period])
+    });
+    if repeated || distinct < 8 || bits < 128.0 {
+        return Err(format!(
+            "its {} bytes are too repetitive ({distinct} distinct characters, about {} bits); \
+             a token needs at least {MIN_TOKEN_BYTES} bytes of random data",
+            bytes.len(),
+            bits as u64
+        ));
+    }
+    Ok(())
+}
+
+/// `n` random bytes, from the kernel.
+fn random_bytes<const N: usize>() -> std::io::Result<[u8; N]> {
+    use std::io::Read;
+    let mut bytes = [0u8; N];
+    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes))?;
+    Ok(bytes)
+}
+
+/// A random token: 32 bytes, in hex.
+fn random_token() -> Result<String, String> {
+    let bytes = random_bytes::<32>().map_err(|e| format!("generating a token: {e}"))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
 /// A random token, written to `path` (mode 0600) for `datum admin`.
 fn generate_token(path: &std::path::Path) -> Result<String, String> {
-    use std::io::{Read, Write};
+    use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let mut bytes = [0u8; 32];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .map_err(|e| format!("generating a token: {e}"))?;
-    let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let token = random_token()?;
     let _ = std::fs::remove_file(path);
     std::fs::OpenOptions::new()
         .write(true)
@@ -1049,4 +1114,44 @@ async fn replay_dead_letter(
     app.host.store.remove_dead_letter(&pipeline, letter.id)?;
     tracing::info!(pipeline = %pipeline, id = letter.id, changes, "dead letter replayed over the admin API");
     ok(json!({"id": letter.id, "replayed": true, "changes": changes}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_generated_token_is_strong_enough_for_any_listen() {
+        for _ in 0..100 {
+            let token = random_token().expect("a token");
+            assert_eq!(strong_enough(&token), Ok(()), "{token}");
+        }
+        // What `openssl rand -hex 32` and `openssl rand -base64 32` print.
+        assert_eq!(
+            strong_enough("9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"),
+            Ok(())
+        );
+        assert_eq!(
+            strong_enough("n4bQgYhMfWWaL+qgxVrQFaO/TxsrC4Is0V/sRSbNXm4="),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn short_or_repetitive_tokens_are_too_weak_and_the_reason_does_not_quote_them() {
+        for token in [
+            "",
+            "s3cret",
+            "0123456789abcdef0123456789abcde",
+            &"a".repeat(64),
+            &"ab".repeat(32),
+            &"abcd".repeat(16),
+            &"password".repeat(4),
+            &"0123456789abcdef".repeat(2),
+        ] {
+            let why = strong_enough(token).expect_err(token);
+            assert!(why.contains("32 bytes"), "{token}: {why}");
+            assert!(token.is_empty() || !why.contains(token), "{why}");
+        }
+    }
 }

@@ -1336,6 +1336,48 @@ async fn a_rollback_body_that_is_not_an_object_is_refused() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A non-loopback listen needs a token of at least 32 bytes that is not
+/// obviously guessable, and the refusal says how to make one. (Any
+/// non-empty token was accepted.) The address is TEST-NET-1, never this
+/// host's: nothing listens beyond loopback even if the check is missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_weak_token_is_refused_for_a_non_loopback_listen() {
+    let dir = temp_dir("admin-weak-token");
+    for (what, token) in [
+        ("short", "s3cret-but-short".to_owned()),
+        ("31 bytes", "x".repeat(31)),
+        ("one repeated character", "a".repeat(64)),
+        ("two characters", "ab".repeat(32)),
+    ] {
+        match serve_alone(
+            &dir,
+            "weak",
+            &format!("listen = \"192.0.2.1:7070\"\ntoken = \"{token}\""),
+        )
+        .await
+        {
+            Err(message) => {
+                assert!(
+                    message.contains("openssl rand -hex 32") && message.contains("32 bytes"),
+                    "{what}: {message}"
+                );
+                assert!(!message.contains(&token), "{what}: the token is echoed: {message}");
+            }
+            Ok(_) => panic!("{what}: a weak token was accepted for a non-loopback listen"),
+        }
+    }
+    // On loopback, any token still does.
+    let port = free_port();
+    serve_alone(
+        &dir,
+        "loopback",
+        &format!("listen = \"127.0.0.1:{port}\"\ntoken = \"short\""),
+    )
+    .await
+    .expect("a short token on loopback");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A configuration file whose `[admin] token` line is broken does not put
 /// the token in `datum run`'s error. (toml's report quotes the offending
 /// line, literal secrets included.)
