@@ -1217,6 +1217,45 @@ async fn datum_admin_drives_a_host_with_a_generated_token() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// `datum run` raises its soft limit of open files to the hard limit, so the
+/// connection cap, not the descriptor table, is what refuses connections.
+/// (It kept the soft limit it inherited, often 1,024.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn datum_run_raises_its_soft_open_file_limit_to_the_hard_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
+    let low = 256.min(hard);
+    assert!(low < hard, "the hard limit ({hard}) is too low to tell");
+    let setup = Setup::new("admin-nofile").await;
+    let (pg, dir, port) = (&setup.pg, &setup.dir, setup.port);
+    let host = Host::start_with(dir, &config(pg, port, "", &tagger_transform()), |command| {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: setrlimit is async-signal-safe, and the closure allocates
+        // nothing.
+        unsafe {
+            command.pre_exec(move || {
+                setrlimit(Resource::RLIMIT_NOFILE, low, hard).map_err(std::io::Error::from)
+            });
+        }
+    });
+    Admin::new(port).wait_running(&host).await;
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", host.pid())).expect("limits");
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap_or_else(|| panic!("{limits}"));
+    let numbers: Vec<&str> = line.split_whitespace().skip(3).take(2).collect();
+    assert_eq!(
+        numbers,
+        vec![hard.to_string(), hard.to_string()],
+        "soft and hard limits: {line}\n{}",
+        host.log()
+    );
+    let (status, log) = host.stop(30);
+    assert!(status.success(), "{log}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// An upload with fixtures works even when another local user planted, in
 /// the temporary directory, every predictable name the host could pick, each
 /// with symlinks to a file of the host's account — and that file is left
