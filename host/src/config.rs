@@ -76,6 +76,13 @@ pub struct AdminSpec {
     /// How long any request may take.
     #[serde(default = "default_request_timeout")]
     pub request_timeout: Span,
+    /// How long a client may take to send a request's headers (an idle
+    /// kept-alive connection is closed after as long).
+    #[serde(default = "default_header_timeout")]
+    pub header_timeout: Span,
+    /// The most connections served at once; more are refused.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: Count,
 }
 
 fn default_listen() -> Listen {
@@ -88,6 +95,14 @@ fn default_max_upload() -> Size {
 
 fn default_request_timeout() -> Span {
     Span(Duration::from_secs(30))
+}
+
+fn default_header_timeout() -> Span {
+    Span(Duration::from_secs(10))
+}
+
+fn default_max_connections() -> Count {
+    Count(256)
 }
 
 /// A socket address, `"127.0.0.1:7070"` or `"[::1]:7070"`.

@@ -1,12 +1,13 @@
 //! The admin API (docs/admin.md): an axum server inside `datum run` for
 //! status, metrics, pause and resume, hot swap and rollback, dead letters.
 //!
-//! Owns HTTP: listening (loopback unless a token is configured), the
-//! bearer token (compared in constant time, never logged), body limits and
-//! a timeout on every request, and one error shape for every failure —
-//! axum's own rejections included. What a request does belongs elsewhere:
-//! [`crate::run::PipelineControl`] pauses and resumes, [`crate::hotswap`]
-//! swaps, the state file stores.
+//! Owns HTTP: listening (loopback unless a strong token is configured),
+//! connections (a cap, a header timeout), the bearer token (compared in
+//! constant time, never logged), body limits and a timeout on every
+//! request, refusals answered from the headers alone, and one error shape
+//! for every failure — axum's own rejections included. What a request does
+//! belongs elsewhere: [`crate::run::PipelineControl`] pauses and resumes,
+//! [`crate::hotswap`] swaps, the state file stores.
 
 pub mod metrics;
 pub mod openapi;
@@ -150,7 +151,7 @@ pub async fn serve(
     spec: &AdminSpec,
     state_path: &str,
     host: Host,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) -> Result<tokio::task::JoinHandle<()>, String> {
     let listen = spec.listen.0;
     let configured = spec
@@ -199,16 +200,11 @@ pub async fn serve(
     let bound: SocketAddr = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(address = %bound, "admin API listening");
     let router = router(app, spec.max_upload.0);
-    Ok(tokio::spawn(async move {
-        let served = axum::serve(listener, router)
-            .with_graceful_shutdown(async move {
-                let _ = stop.wait_for(|s| *s).await;
-            })
-            .await;
-        if let Err(err) = served {
-            tracing::error!(error = %err, "admin API stopped");
-        }
-    }))
+    let limits = ConnectionLimits {
+        header_timeout: spec.header_timeout.0,
+        max_connections: spec.max_connections.0,
+    };
+    Ok(tokio::spawn(accept(listener, router, limits, stop)))
 }
 
 /// The shortest token accepted for a non-loopback listen.
@@ -252,6 +248,148 @@ fn strong_enough(token: &str) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// What one listener allows its clients.
+#[derive(Debug, Clone, Copy)]
+struct ConnectionLimits {
+    /// How long a client may take to send a request's headers, the first
+    /// or the next on a kept-alive connection.
+    header_timeout: Duration,
+    /// Connections served at once.
+    max_connections: usize,
+}
+
+/// How long a closed connection still swallows what its client sends
+/// (see [`linger`]).
+const LINGER: Duration = Duration::from_secs(2);
+
+/// Accepts connections until `stop` turns true: at most
+/// `limits.max_connections` at once (the next ones are answered 503 and
+/// closed at once), each served by hyper with a header timeout.
+async fn accept(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    limits: ConnectionLimits,
+    mut stop: watch::Receiver<bool>,
+) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let mut at_capacity = false;
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(err) => {
+                // Out of descriptors, most likely: wait for some to close
+                // rather than spin.
+                tracing::warn!(error = %err, "admin API: cannot accept a connection");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            if !at_capacity {
+                at_capacity = true;
+                tracing::warn!(
+                    max_connections = limits.max_connections,
+                    %peer,
+                    "admin API connection limit reached: new connections are refused until \
+                     some close (admin.max_connections)"
+                );
+            }
+            refuse(stream);
+            continue;
+        };
+        if at_capacity {
+            at_capacity = false;
+            tracing::info!("admin API below its connection limit again");
+        }
+        let router = router.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            serve_connection(stream, router, limits.header_timeout, stop).await;
+            drop(permit);
+        });
+    }
+}
+
+/// Answers a connection over the cap without reading from it, and closes
+/// it.
+fn refuse(stream: tokio::net::TcpStream) {
+    const BODY: &str = "{\"error\": {\"code\": \"too_many_connections\", \"message\": \
+                        \"the admin API serves as many connections as it may \
+                        (admin.max_connections): try again shortly\"}}";
+    let answer = format!(
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    // One non-blocking write into an empty socket buffer: it fits, and a
+    // client that does not read costs nothing.
+    let _ = stream.try_write(answer.as_bytes());
+}
+
+/// Serves one connection: HTTP/1.1 with keep-alive, headers within
+/// `header_timeout`, then a lingering close.
+async fn serve_connection(
+    stream: tokio::net::TcpStream,
+    router: Router,
+    header_timeout: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let service = hyper_util::service::TowerToHyperService::new(router);
+    // Boxed, so the connection can be polled without shutting its socket
+    // (`poll_without_shutdown` wants an `Unpin` future).
+    let service = hyper::service::service_fn(move |request| {
+        Box::pin(hyper::service::Service::call(&service, request))
+    });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        .keep_alive(true);
+    let mut connection = builder.serve_connection(TokioIo::new(stream), service);
+    let mut stopping = false;
+    let served = loop {
+        tokio::select! {
+            served = std::future::poll_fn(|cx| connection.poll_without_shutdown(cx)) => break served,
+            _ = stop.wait_for(|s| *s), if !stopping => {
+                stopping = true;
+                std::pin::Pin::new(&mut connection).graceful_shutdown();
+            }
+        }
+    };
+    match served {
+        Ok(()) => linger(connection.into_parts().io.into_inner()).await,
+        // A header timeout, a client gone, a malformed request: hyper has
+        // answered what could be; drop the socket.
+        Err(err) => tracing::debug!(error = %err, "admin API connection ended"),
+    }
+}
+
+/// Closes a connection whose last answer may have come before the request's
+/// body (a refusal from the headers): sends FIN so the client has the whole
+/// answer, then reads and discards what the client still sends, for at most
+/// [`LINGER`], so that closing does not reset the connection and destroy
+/// the answer before the client read it. Nothing read is kept.
+async fn linger(mut stream: tokio::net::TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    if stream.shutdown().await.is_err() {
+        return;
+    }
+    let mut discard = vec![0u8; 8192];
+    let _ = tokio::time::timeout(LINGER, async {
+        while let Ok(n) = stream.read(&mut discard).await {
+            if n == 0 {
+                break;
+            }
+        }
+    })
+    .await;
 }
 
 /// `n` random bytes, from the kernel.
@@ -361,14 +499,20 @@ async fn authorize(State(app): State<Arc<App>>, request: Request, next: Next) ->
     };
     match refusal {
         None => next.run(request).await,
-        Some(refusal) => {
-            // Read what the client is sending (within the upload limit)
-            // before answering: closing on an unread body resets the
-            // connection, and the client would see a broken pipe, not 401.
-            let _ = axum::body::to_bytes(request.into_body(), app.max_upload).await;
-            refusal.into_response()
-        }
+        // From the headers alone: the body is never read, and the
+        // connection is closed after the answer (see `linger`).
+        Some(refusal) => closing(refusal.into_response()),
     }
+}
+
+/// `response`, telling the client the connection closes after it: a
+/// request answered before its body was read cannot be followed by another
+/// on the same connection.
+fn closing(mut response: Response) -> Response {
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
 }
 
 async fn time_limit(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
@@ -408,12 +552,25 @@ fn rejected(status: StatusCode, text: String) -> ApiError {
 
 /// Gives axum's own rejections (404, 405, 413, 415, ...) the API's error
 /// shape.
+///
+/// An error answering a request that has a body closes the connection: the
+/// body may not have been read (nor will it be).
 async fn shape_errors(request: Request, next: Next) -> Response {
+    let has_body = request.headers().contains_key(header::TRANSFER_ENCODING)
+        || request
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes() != b"0");
     let response = next.run(request).await;
     let status = response.status();
     if !(status.is_client_error() || status.is_server_error()) {
         return response;
     }
+    let response = if has_body {
+        closing(response)
+    } else {
+        response
+    };
     let is_json = response
         .headers()
         .get(header::CONTENT_TYPE)
@@ -422,6 +579,7 @@ async fn shape_errors(request: Request, next: Next) -> Response {
         return response;
     }
     let code = code_for(status);
+    let close = response.headers().get(header::CONNECTION).cloned();
     let body = axum::body::to_bytes(response.into_body(), 4096)
         .await
         .unwrap_or_default();
@@ -431,7 +589,11 @@ async fn shape_errors(request: Request, next: Next) -> Response {
     } else {
         text
     };
-    ApiError::new(status, code, message).into_response()
+    let mut shaped = ApiError::new(status, code, message).into_response();
+    if let Some(close) = close {
+        shaped.headers_mut().insert(header::CONNECTION, close);
+    }
+    shaped
 }
 
 impl App {
@@ -696,10 +858,10 @@ fn fixture_name_ok(name: &str) -> bool {
             || name == "config.toml")
 }
 
-async fn read_upload(app: &Arc<App>, request: Request) -> Result<Upload, ApiError> {
-    // A body announced too large is refused before a byte of it is read.
-    let announced = request
-        .headers()
+/// Refuses an upload whose announced body exceeds `max_upload`, from its
+/// headers.
+fn check_announced_length(app: &App, headers: &header::HeaderMap) -> Result<(), ApiError> {
+    let announced = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
@@ -716,6 +878,10 @@ async fn read_upload(app: &Arc<App>, request: Request) -> Result<Upload, ApiErro
             ),
         ));
     }
+    Ok(())
+}
+
+async fn read_upload(app: &Arc<App>, request: Request) -> Result<Upload, ApiError> {
     let content_type = request
         .headers()
         .get(header::CONTENT_TYPE)
@@ -894,12 +1060,13 @@ async fn upload(
     RawQuery(query): RawQuery,
     request: Request,
 ) -> Result<Response, ApiError> {
-    // The body first: answering before reading it would reset the
-    // connection under a client still sending.
-    let upload = read_upload(&app, request).await?;
+    // Everything the headers, the path and the query decide comes before
+    // the body: a refusal reads none of it (the connection then closes).
+    check_announced_length(&app, request.headers())?;
     let dry_run = flag(query.as_deref(), "dry_run")?;
     let control = app.pipeline(&pipeline)?.clone();
     let slot = find_slot(&control, &pipeline, &module)?;
+    let upload = read_upload(&app, request).await?;
     let wasm = upload.wasm.unwrap_or_default();
     let config = upload.config.unwrap_or_else(|| slot.config.clone());
     let fixtures = upload.fixtures;

@@ -1016,7 +1016,9 @@ async fn refusals_come_whole_even_to_a_client_still_sending() {
         Err(message) => assert!(message.contains("without a token"), "{message}"),
         Ok(_) => panic!("listened on 0.0.0.0 without a token"),
     }
-    // A client too slow to send its body gets 408 at request_timeout.
+    // A client too slow to send its body gets 408 at request_timeout (on a
+    // route that reads its body before looking the pipeline up: the upload
+    // route refuses an unknown pipeline from the path alone).
     let slow_port = free_port();
     let _slow = serve_alone(
         &dir,
@@ -1033,8 +1035,8 @@ async fn refusals_come_whole_even_to_a_client_still_sending() {
             .await
             .expect("connect");
         let head = format!(
-            "POST /v1/pipelines/p/modules/m/versions HTTP/1.1\r\nHost: localhost\r\n\
-             Authorization: Bearer {TOKEN}\r\nContent-Length: 1000\r\n\r\n0123456789"
+            "POST /v1/pipelines/p/modules/m/rollback HTTP/1.1\r\nHost: localhost\r\n\
+             Authorization: Bearer {TOKEN}\r\nContent-Length: 1000\r\n\r\n{{\"versio"
         );
         stream.write_all(head.as_bytes()).await.expect("write");
         let started = Instant::now();
@@ -1215,6 +1217,276 @@ async fn datum_admin_drives_a_host_with_a_generated_token() {
     let (code, _, err) = datum(&["status"]);
     assert_eq!(code, Some(2), "{err}");
     let _ = std::fs::remove_dir_all(dir);
+}
+
+// ---------------------------------------------------------------------------
+// The HTTP layer against hostile clients: raw sockets, in-process servers.
+
+/// What a raw client saw: the bytes, and whether the server closed the
+/// connection (EOF or reset) before `within` ran out.
+async fn read_until_closed(
+    stream: &mut tokio::net::TcpStream,
+    within: Duration,
+) -> (String, bool) {
+    use tokio::io::AsyncReadExt;
+    let mut seen = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut chunk)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return (String::from_utf8_lossy(&seen).into_owned(), true),
+            Ok(Ok(n)) => seen.extend_from_slice(&chunk[..n]),
+            Err(_) => return (String::from_utf8_lossy(&seen).into_owned(), false),
+        }
+    }
+}
+
+/// Connects to the in-process server on `port`.
+async fn raw(port: u16) -> tokio::net::TcpStream {
+    tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect")
+}
+
+/// A request refused from its headers is answered at once, before a byte of
+/// its body came, and the connection is closed: the server neither waits for
+/// nor keeps the body. (It used to read the whole body, up to `max_upload`,
+/// before its 401.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unauthenticated_upload_is_refused_before_its_body_is_read() {
+    use tokio::io::AsyncWriteExt;
+    let dir = temp_dir("admin-early-refusal");
+    let port = free_port();
+    // A long request timeout: an answer that waited for the body would come
+    // only after it, as a 408.
+    let _server = serve_alone(
+        &dir,
+        "early",
+        &format!(
+            "listen = \"127.0.0.1:{port}\"\ntoken = \"{TOKEN}\"\nmax_upload = \"64MiB\"\n\
+             request_timeout = \"120s\""
+        ),
+    )
+    .await
+    .expect("serve");
+    let upload = "POST /v1/pipelines/p/modules/m/versions HTTP/1.1\r\nHost: 127.0.0.1\r\n\
+                  Content-Type: application/wasm\r\n";
+    for (what, headers, status, code) in [
+        ("no token", String::new(), "401", "missing_token"),
+        (
+            "wrong token",
+            "Authorization: Bearer not-the-token\r\n".to_owned(),
+            "401",
+            "invalid_token",
+        ),
+        (
+            "announced too large",
+            format!("Authorization: Bearer {TOKEN}\r\n"),
+            "413",
+            "payload_too_large",
+        ),
+        (
+            "no such pipeline",
+            format!("Authorization: Bearer {TOKEN}\r\n"),
+            "404",
+            "not_found",
+        ),
+    ] {
+        let length: u64 = if code == "payload_too_large" {
+            1 << 30
+        } else {
+            60 << 20
+        };
+        let mut stream = raw(port).await;
+        let head = format!("{upload}{headers}Content-Length: {length}\r\n\r\n");
+        stream.write_all(head.as_bytes()).await.expect("head");
+        // A first slice of the body, then nothing: the answer must not wait
+        // for the rest.
+        stream.write_all(&[0u8; 1024]).await.expect("a slice");
+        let started = Instant::now();
+        let (answer, closed) = read_until_closed(&mut stream, Duration::from_secs(30)).await;
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status} ")),
+            "{what}: {answer:?} after {:?}",
+            started.elapsed()
+        );
+        assert!(answer.contains(&format!("\"{code}\"")), "{what}: {answer}");
+        assert!(
+            answer.to_ascii_lowercase().contains("connection: close"),
+            "{what}: {answer}"
+        );
+        assert!(closed, "{what}: the connection stayed open: {answer}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A client that sends its headers a byte at a time, or nothing at all, is
+/// disconnected once `header_timeout` has passed. (There was no header
+/// timeout: such a client held its connection for as long as it liked.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_slow_to_send_its_headers_is_disconnected_after_the_header_timeout() {
+    use tokio::io::AsyncWriteExt;
+    let dir = temp_dir("admin-header-timeout");
+    let port = free_port();
+    let _server = serve_alone(
+        &dir,
+        "slow",
+        &format!(
+            "listen = \"127.0.0.1:{port}\"\ntoken = \"{TOKEN}\"\nheader_timeout = \"1s\"\n\
+             request_timeout = \"120s\""
+        ),
+    )
+    .await
+    .expect("serve");
+    // Silent: connects and sends nothing.
+    let mut silent = raw(port).await;
+    let started = Instant::now();
+    let (answer, closed) = read_until_closed(&mut silent, Duration::from_secs(20)).await;
+    assert!(
+        closed,
+        "a silent client was still connected after {:?}",
+        started.elapsed()
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "closed before the header timeout: {:?} {answer:?}",
+        started.elapsed()
+    );
+
+    // Trickling: one byte of a never-ending header every 100 ms, at most
+    // 200 bytes (20 s).
+    let mut trickle = raw(port).await;
+    trickle
+        .write_all(b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+        .await
+        .expect("head");
+    let started = Instant::now();
+    let mut disconnected = false;
+    for _ in 0..200 {
+        if trickle.write_all(b"a").await.is_err() {
+            disconnected = true;
+            break;
+        }
+        let (_, closed) = read_until_closed(&mut trickle, Duration::from_millis(100)).await;
+        if closed {
+            disconnected = true;
+            break;
+        }
+    }
+    assert!(
+        disconnected,
+        "a trickling client was still connected after {:?}",
+        started.elapsed()
+    );
+    // A prompt client is served as before.
+    let admin = Admin::new(port);
+    let (status, body) = admin.send(admin.client.get(admin.url("/v1/health"))).await;
+    assert_eq!(status, 200, "{body}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Collects what a tracing subscriber writes.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|p| p.into_inner())).into_owned()
+    }
+}
+
+/// With `max_connections` connections open, the next one is refused at
+/// once (and the log says why), and the API serves again once they close.
+/// (There was no cap: idle sockets piled up until the process ran out of
+/// file descriptors and `/v1/health` stopped answering.)
+///
+/// One thread, so the server's tasks log to this test's subscriber.
+#[tokio::test(flavor = "current_thread")]
+async fn connections_beyond_max_connections_are_refused_and_the_api_serves_again_once_they_close()
+{
+    use tokio::io::AsyncWriteExt;
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _log = tracing::subscriber::set_default(subscriber);
+    let dir = temp_dir("admin-max-connections");
+    let port = free_port();
+    let _server = serve_alone(
+        &dir,
+        "cap",
+        &format!(
+            "listen = \"127.0.0.1:{port}\"\ntoken = \"{TOKEN}\"\nmax_connections = 4\n\
+             header_timeout = \"120s\""
+        ),
+    )
+    .await
+    .expect("serve");
+    let health = b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    // Four kept-alive connections, each answered once: the server holds all
+    // four.
+    let mut held = Vec::new();
+    for i in 0..4 {
+        let mut stream = raw(port).await;
+        stream.write_all(health).await.expect("request");
+        let (answer, closed) = read_until_closed(&mut stream, Duration::from_millis(500)).await;
+        assert!(
+            answer.starts_with("HTTP/1.1 200 ") && !closed,
+            "connection {i}: {answer:?}"
+        );
+        held.push(stream);
+    }
+    // The fifth is refused and closed at once.
+    let mut fifth = raw(port).await;
+    let _ = fifth.write_all(health).await;
+    let (answer, closed) = read_until_closed(&mut fifth, Duration::from_secs(10)).await;
+    assert!(closed, "a fifth connection was kept: {answer:?}");
+    assert!(!answer.contains(" 200 "), "a fifth connection was served: {answer}");
+    if !answer.is_empty() {
+        assert!(answer.starts_with("HTTP/1.1 503 "), "{answer}");
+        assert!(answer.contains("\"too_many_connections\""), "{answer}");
+    }
+    let log = captured.text();
+    assert!(
+        log.contains("max_connections"),
+        "no log line says the cap was reached:\n{log}"
+    );
+    // Once they close, the API serves again (within 10 s: the server sees
+    // each close on its next read).
+    drop(held);
+    let mut served = String::new();
+    for _ in 0..100 {
+        let mut stream = raw(port).await;
+        if stream.write_all(health).await.is_ok() {
+            let (answer, _) = read_until_closed(&mut stream, Duration::from_millis(100)).await;
+            if answer.starts_with("HTTP/1.1 200 ") {
+                served = answer;
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        served.contains("\"ok\""),
+        "health never answered once the connections closed"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `datum run` raises its soft limit of open files to the hard limit, so the
