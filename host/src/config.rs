@@ -1087,19 +1087,34 @@ retry_max = "1m"
     #[test]
     fn a_toml_syntax_error_does_not_echo_a_secret_on_its_line() {
         for (line, secret) in [
-            ("source.url = \"postgres://u:hunter2@localhost/app", "hunter2"),
-            ("source.url = \"host=db password=hunter2 dbname=app", "hunter2"),
-            ("source.url = \"host=db password='hunter 2' dbname=app", "hunter 2"),
+            (
+                "source.url = \"postgres://u:hunter2@localhost/app",
+                "hunter2",
+            ),
+            (
+                "source.url = \"host=db password=hunter2 dbname=app",
+                "hunter2",
+            ),
+            (
+                "source.url = \"host=db password='hunter 2' dbname=app",
+                "hunter 2",
+            ),
             ("source.password = \"hunter2\" trailing", "hunter2"),
             ("source.token = hunter2", "hunter2"),
             ("api_key = \"hunter2", "hunter2"),
-            ("sink.headers = { Authorization = \"Bearer hunter2\" x }", "hunter2"),
+            (
+                "sink.headers = { Authorization = \"Bearer hunter2\" x }",
+                "hunter2",
+            ),
             ("client_secret = 'hunter2' !", "hunter2"),
         ] {
             let text = MINIMAL.replace("source.url = \"postgres://localhost/app\"", line);
             let e = error(&text);
             assert!(!e.contains(secret), "{line}:\n{e}");
-            assert!(e.contains("line 4"), "the line is still named: {line}:\n{e}");
+            assert!(
+                e.contains("line 4"),
+                "the line is still named: {line}:\n{e}"
+            );
             assert!(e.contains("********"), "the mask shows: {line}:\n{e}");
         }
         // Lines without secrets are quoted as they are.

@@ -1224,10 +1224,7 @@ async fn datum_admin_drives_a_host_with_a_generated_token() {
 
 /// What a raw client saw: the bytes, and whether the server closed the
 /// connection (EOF or reset) before `within` ran out.
-async fn read_until_closed(
-    stream: &mut tokio::net::TcpStream,
-    within: Duration,
-) -> (String, bool) {
+async fn read_until_closed(stream: &mut tokio::net::TcpStream, within: Duration) -> (String, bool) {
     use tokio::io::AsyncReadExt;
     let mut seen = Vec::new();
     let mut chunk = [0u8; 4096];
@@ -1416,8 +1413,7 @@ impl Captured {
 ///
 /// One thread, so the server's tasks log to this test's subscriber.
 #[tokio::test(flavor = "current_thread")]
-async fn connections_beyond_max_connections_are_refused_and_the_api_serves_again_once_they_close()
-{
+async fn connections_beyond_max_connections_are_refused_and_the_api_serves_again_once_they_close() {
     use tokio::io::AsyncWriteExt;
     let captured = Captured::default();
     let writer = captured.clone();
@@ -1457,7 +1453,10 @@ async fn connections_beyond_max_connections_are_refused_and_the_api_serves_again
     let _ = fifth.write_all(health).await;
     let (answer, closed) = read_until_closed(&mut fifth, Duration::from_secs(10)).await;
     assert!(closed, "a fifth connection was kept: {answer:?}");
-    assert!(!answer.contains(" 200 "), "a fifth connection was served: {answer}");
+    assert!(
+        !answer.contains(" 200 "),
+        "a fifth connection was served: {answer}"
+    );
     if !answer.is_empty() {
         assert!(answer.starts_with("HTTP/1.1 503 "), "{answer}");
         assert!(answer.contains("\"too_many_connections\""), "{answer}");
@@ -1672,7 +1671,10 @@ async fn a_weak_token_is_refused_for_a_non_loopback_listen() {
                     message.contains("openssl rand -hex 32") && message.contains("32 bytes"),
                     "{what}: {message}"
                 );
-                assert!(!message.contains(&token), "{what}: the token is echoed: {message}");
+                assert!(
+                    !message.contains(&token),
+                    "{what}: the token is echoed: {message}"
+                );
             }
             Ok(_) => panic!("{what}: a weak token was accepted for a non-loopback listen"),
         }
@@ -1709,7 +1711,10 @@ fn a_broken_config_line_does_not_echo_its_secret() {
         .expect("datum run");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("line 3"), "the line is still named: {stderr}");
+    assert!(
+        stderr.contains("line 3"),
+        "the line is still named: {stderr}"
+    );
     assert!(!stderr.contains(secret), "the secret was echoed: {stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
