@@ -237,7 +237,7 @@ fn strong_enough(token: &str) -> Result<(), String> {
         })
         .sum();
     let repeated = (1..=bytes.len() / 2).any(|period| {
-        bytes.len() % period == 0 && bytes.chunks(period).all(|c| c == &bytes[..period])
+        bytes.len().is_multiple_of(period) && bytes.chunks(period).all(|c| c == &bytes[..period])
     });
     if repeated || distinct < 8 || bits < 128.0 {
         return Err(format!(
