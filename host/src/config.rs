@@ -784,7 +784,10 @@ fn mask_line(line: &str) -> (String, Vec<std::ops::Range<usize>>) {
                 let end = match b.get(start) {
                     None => start,
                     Some(b'"' | b'\'') => string_end(b, start),
-                    Some(b'{' | b'[') => b.len(),
+                    // A table or an array: all of it when the key is a
+                    // secret, else its own keys are looked at in turn.
+                    Some(b'{' | b'[') if secret_key(name) => b.len(),
+                    Some(b'{' | b'[') => start,
                     Some(_) => {
                         let mut end = start;
                         while end < b.len() && !matches!(b[end], b',' | b'}' | b']' | b'#') {
