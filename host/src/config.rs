@@ -76,6 +76,13 @@ pub struct AdminSpec {
     /// How long any request may take.
     #[serde(default = "default_request_timeout")]
     pub request_timeout: Span,
+    /// How long a client may take to send a request's headers (an idle
+    /// kept-alive connection is closed after as long).
+    #[serde(default = "default_header_timeout")]
+    pub header_timeout: Span,
+    /// The most connections served at once; more are refused.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: Count,
 }
 
 fn default_listen() -> Listen {
@@ -88,6 +95,14 @@ fn default_max_upload() -> Size {
 
 fn default_request_timeout() -> Span {
     Span(Duration::from_secs(30))
+}
+
+fn default_header_timeout() -> Span {
+    Span(Duration::from_secs(10))
+}
+
+fn default_max_connections() -> Count {
+    Count(256)
 }
 
 /// A socket address, `"127.0.0.1:7070"` or `"[::1]:7070"`.
@@ -597,7 +612,7 @@ impl Config {
 
     /// Parses and checks a configuration's text (paths unresolved).
     pub fn parse(text: &str) -> Result<Config, String> {
-        let mut config: Config = toml::from_str(text).map_err(|e| e.to_string())?;
+        let mut config: Config = toml::from_str(text).map_err(|e| toml_error(text, &e))?;
         config.check()?;
         for pipeline in &mut config.pipeline {
             for transform in &mut pipeline.transforms {
@@ -673,6 +688,228 @@ impl Config {
             resolve(file);
         }
     }
+}
+
+// ---------------------------------------------------------------------------
+// Parse errors, without the secrets of the line they quote.
+
+/// What replaces a secret in an error.
+const MASK: &str = "********";
+
+/// toml's report (line, column, the offending line with a caret, the
+/// message), with secrets on the quoted line masked: the file may hold a
+/// literal password or token, and errors end up in logs and terminals.
+fn toml_error(text: &str, err: &toml::de::Error) -> String {
+    let message = mask_line(err.message().trim_end()).0;
+    let Some(span) = err.span() else {
+        return message;
+    };
+    let start = span.start.min(text.len());
+    let (Some(before), Some(after)) = (text.get(..start), text.get(start..)) else {
+        return message;
+    };
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let line_end = after.find('\n').map_or(text.len(), |i| start + i);
+    let line = text
+        .get(line_start..line_end)
+        .unwrap_or_default()
+        .trim_end_matches('\r');
+    let number = before.matches('\n').count() + 1;
+    let column = before.get(line_start..).unwrap_or_default().chars().count() + 1;
+    let (masked, ranges) = mask_line(line);
+    // The caret's place and width in the masked line: a span that touches
+    // a masked value points at the mask.
+    let to_masked = |offset: usize| {
+        let mut shift: isize = 0;
+        for r in &ranges {
+            if offset >= r.end {
+                shift += MASK.len() as isize - r.len() as isize;
+            } else if offset >= r.start {
+                return (r.start as isize + shift) as usize;
+            }
+        }
+        (offset as isize + shift).max(0) as usize
+    };
+    let from = to_masked(start - line_start);
+    let to = to_masked(span.end.clamp(start, line_start + line.len()) - line_start);
+    let prefix = masked.get(..from).unwrap_or(&masked).chars().count();
+    let width = masked.get(from..to).map_or(1, |s| s.chars().count()).max(1);
+    let gutter = " ".repeat(number.to_string().len());
+    format!(
+        "TOML parse error at line {number}, column {column}\n{gutter} |\n{number} | {masked}\n\
+         {gutter} | {}{}\n{message}",
+        " ".repeat(prefix),
+        "^".repeat(width),
+    )
+}
+
+/// Does a key's name say its value is a secret?
+fn secret_key(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    [
+        "password",
+        "passwd",
+        "secret",
+        "token",
+        "key",
+        "credential",
+        "auth",
+        "cookie",
+    ]
+    .iter()
+    .any(|word| key.contains(word))
+}
+
+/// Where the string starting at `at` (a quote) ends: past its closing
+/// quote, or at the end of the line when it is unterminated.
+fn string_end(line: &[u8], at: usize) -> usize {
+    let quote = line[at];
+    let triple = line.get(at..at + 3) == Some(&[quote; 3][..]);
+    let mut i = at + if triple { 3 } else { 1 };
+    while i < line.len() {
+        if quote == b'"' && line[i] == b'\\' {
+            i += 2;
+            continue;
+        }
+        if line[i] == quote {
+            if !triple {
+                return i + 1;
+            }
+            if line.get(i..i + 3) == Some(&[quote; 3][..]) {
+                return i + 3;
+            }
+        }
+        i += 1;
+    }
+    line.len()
+}
+
+/// `line` with secrets replaced by [`MASK`], and the byte ranges of `line`
+/// replaced (sorted, disjoint): values of keys named like secrets
+/// (`password`, `token`, `api_key`, `Authorization`, ... also inside inline
+/// tables), URL passwords (`scheme://user:PASSWORD@`) and conninfo
+/// `password=...`.
+fn mask_line(line: &str) -> (String, Vec<std::ops::Range<usize>>) {
+    let b = line.as_bytes();
+    let mut ranges = Vec::new();
+    // Values of secret keys.
+    let mut key_start = 0;
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'"' | b'\'' => i = string_end(b, i),
+            b'#' => break,
+            b'{' | b'[' | b',' => {
+                i += 1;
+                key_start = i;
+            }
+            b'=' => {
+                let key = line.get(key_start..i).unwrap_or_default().trim();
+                let name = key
+                    .rsplit('.')
+                    .next()
+                    .unwrap_or_default()
+                    .trim()
+                    .trim_matches(|c| c == '"' || c == '\'');
+                let mut start = i + 1;
+                while start < b.len() && b[start].is_ascii_whitespace() {
+                    start += 1;
+                }
+                let end = match b.get(start) {
+                    None => start,
+                    Some(b'"' | b'\'') => string_end(b, start),
+                    // A table or an array: all of it when the key is a
+                    // secret, else its own keys are looked at in turn.
+                    Some(b'{' | b'[') if secret_key(name) => b.len(),
+                    Some(b'{' | b'[') => start,
+                    Some(_) => {
+                        let mut end = start;
+                        while end < b.len() && !matches!(b[end], b',' | b'}' | b']' | b'#') {
+                            end += 1;
+                        }
+                        while end > start && b[end - 1].is_ascii_whitespace() {
+                            end -= 1;
+                        }
+                        end
+                    }
+                };
+                if secret_key(name) && end > start {
+                    ranges.push(start..end);
+                }
+                i = end.max(i + 1);
+                key_start = i;
+            }
+            _ => i += 1,
+        }
+    }
+    // URL passwords: `://user:PASSWORD@host`.
+    let mut from = 0;
+    while let Some(at) = line.get(from..).and_then(|s| s.find("://")) {
+        let authority = from + at + 3;
+        let end = b[authority..]
+            .iter()
+            .position(|c| matches!(c, b'/' | b'"' | b'\'' | b'?' | b'#') || c.is_ascii_whitespace())
+            .map_or(b.len(), |p| authority + p);
+        if let Some(userinfo) = line.get(authority..end).and_then(|a| a.rfind('@'))
+            && let Some(colon) = line[authority..authority + userinfo].find(':')
+            && colon + 1 < userinfo
+        {
+            ranges.push(authority + colon + 1..authority + userinfo);
+        }
+        from = end.max(authority);
+    }
+    // conninfo: `password=VALUE` or `password='VALUE'`.
+    let lower = line.to_ascii_lowercase();
+    let mut from = 0;
+    while let Some(at) = lower.get(from..).and_then(|s| s.find("password")) {
+        let mut i = from + at + "password".len();
+        from = i;
+        while i < b.len() && b[i] == b' ' {
+            i += 1;
+        }
+        if b.get(i) != Some(&b'=') {
+            continue;
+        }
+        i += 1;
+        while i < b.len() && b[i] == b' ' {
+            i += 1;
+        }
+        let end = if b.get(i) == Some(&b'\'') {
+            let mut j = i + 1;
+            while j < b.len() && b[j] != b'\'' {
+                j += if b[j] == b'\\' { 2 } else { 1 };
+            }
+            (j + 1).min(b.len())
+        } else {
+            let mut j = i;
+            while j < b.len() && !b[j].is_ascii_whitespace() && !matches!(b[j], b'"' | b'&') {
+                j += 1;
+            }
+            j
+        };
+        if end > i {
+            ranges.push(i..end);
+        }
+        from = end.max(from);
+    }
+    // Sorted and merged, so each secret is masked once.
+    ranges.sort_by_key(|r| r.start);
+    let mut merged: Vec<std::ops::Range<usize>> = Vec::new();
+    for r in ranges {
+        match merged.last_mut() {
+            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+            _ => merged.push(r),
+        }
+    }
+    let mut out = String::with_capacity(line.len());
+    let mut at = 0;
+    for r in &merged {
+        out.push_str(line.get(at..r.start).unwrap_or_default());
+        out.push_str(MASK);
+        at = r.end;
+    }
+    out.push_str(line.get(at..).unwrap_or_default());
+    (out, merged)
 }
 
 impl TransformSpec {
@@ -887,6 +1124,44 @@ retry_max = "1m"
             e.contains("DATUM_CONFIG_TEST_UNSET") && e.contains("line 4"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_toml_syntax_error_does_not_echo_a_secret_on_its_line() {
+        for (line, secret) in [
+            (
+                "source.url = \"postgres://u:hunter2@localhost/app",
+                "hunter2",
+            ),
+            (
+                "source.url = \"host=db password=hunter2 dbname=app",
+                "hunter2",
+            ),
+            (
+                "source.url = \"host=db password='hunter 2' dbname=app",
+                "hunter 2",
+            ),
+            ("source.password = \"hunter2\" trailing", "hunter2"),
+            ("source.token = hunter2", "hunter2"),
+            ("api_key = \"hunter2", "hunter2"),
+            (
+                "sink.headers = { Authorization = \"Bearer hunter2\" x }",
+                "hunter2",
+            ),
+            ("client_secret = 'hunter2' !", "hunter2"),
+        ] {
+            let text = MINIMAL.replace("source.url = \"postgres://localhost/app\"", line);
+            let e = error(&text);
+            assert!(!e.contains(secret), "{line}:\n{e}");
+            assert!(
+                e.contains("line 4"),
+                "the line is still named: {line}:\n{e}"
+            );
+            assert!(e.contains("********"), "the mask shows: {line}:\n{e}");
+        }
+        // Lines without secrets are quoted as they are.
+        let e = error(&MINIMAL.replace("\"stdout\"", "\"stdout"));
+        assert!(e.contains("sink.type = \"stdout"), "{e}");
     }
 
     #[test]

@@ -47,6 +47,13 @@ fn command(command: cli::Command) -> ExitCode {
                 Ok(config) => config,
                 Err(err) => return fail(err),
             };
+            match datum::run::raise_open_file_limit() {
+                Ok((soft, hard)) if soft < hard => {
+                    tracing::info!(from = soft, to = hard, "open file limit raised")
+                }
+                Ok(_) => {}
+                Err(err) => tracing::warn!(error = %err, "open file limit unchanged"),
+            }
             let result = block_on(datum::run::run(&config, signalled()))
                 .and_then(|r| r.map_err(|e| e.to_string()));
             match result {

@@ -515,6 +515,22 @@ async fn supervise(
     }
 }
 
+/// Raises the soft limit of open files to the hard limit, as a server
+/// should: every admin API connection, replication connection and open file
+/// takes a descriptor, and the soft limit a process inherits is often 1,024
+/// (the admin API's own cap, `max_connections`, is then what refuses
+/// clients, not the descriptor table). The limits before: (soft, hard).
+pub fn raise_open_file_limit() -> Result<(u64, u64), String> {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)
+        .map_err(|e| format!("reading the open file limit: {e}"))?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
+            .map_err(|e| format!("raising the open file limit from {soft} to {hard}: {e}"))?;
+    }
+    Ok((soft, hard))
+}
+
 /// Runs every pipeline until `shutdown` completes (then each drains and
 /// checkpoints) or each has stopped on its own; serves the admin API when
 /// the configuration has an `[admin]` table.

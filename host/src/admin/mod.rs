@@ -1,12 +1,13 @@
 //! The admin API (docs/admin.md): an axum server inside `datum run` for
 //! status, metrics, pause and resume, hot swap and rollback, dead letters.
 //!
-//! Owns HTTP: listening (loopback unless a token is configured), the
-//! bearer token (compared in constant time, never logged), body limits and
-//! a timeout on every request, and one error shape for every failure —
-//! axum's own rejections included. What a request does belongs elsewhere:
-//! [`crate::run::PipelineControl`] pauses and resumes, [`crate::hotswap`]
-//! swaps, the state file stores.
+//! Owns HTTP: listening (loopback unless a strong token is configured),
+//! connections (a cap, a header timeout), the bearer token (compared in
+//! constant time, never logged), body limits and a timeout on every
+//! request, refusals answered from the headers alone, and one error shape
+//! for every failure — axum's own rejections included. What a request does
+//! belongs elsewhere: [`crate::run::PipelineControl`] pauses and resumes,
+//! [`crate::hotswap`] swaps, the state file stores.
 
 pub mod metrics;
 pub mod openapi;
@@ -150,7 +151,7 @@ pub async fn serve(
     spec: &AdminSpec,
     state_path: &str,
     host: Host,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) -> Result<tokio::task::JoinHandle<()>, String> {
     let listen = spec.listen.0;
     let configured = spec
@@ -159,12 +160,24 @@ pub async fn serve(
         .map(|t| t.0.clone())
         .or_else(|| std::env::var("DATUM_ADMIN_TOKEN").ok())
         .filter(|t| !t.is_empty());
-    if configured.is_none() && !listen.ip().is_loopback() {
-        return Err(format!(
-            "refusing to listen on {listen} without a token: anyone who can reach it could \
-             swap modules. Set [admin] token = \"${{DATUM_ADMIN_TOKEN}}\" (or the \
-             DATUM_ADMIN_TOKEN variable), or listen on 127.0.0.1"
-        ));
+    if !listen.ip().is_loopback() {
+        match &configured {
+            None => {
+                return Err(format!(
+                    "refusing to listen on {listen} without a token: anyone who can reach it \
+                     could swap modules. Set [admin] token = \"${{DATUM_ADMIN_TOKEN}}\" (or the \
+                     DATUM_ADMIN_TOKEN variable), or listen on 127.0.0.1"
+                ));
+            }
+            Some(token) => strong_enough(token).map_err(|why| {
+                format!(
+                    "refusing to listen on {listen} with this token: {why}. Anyone who can \
+                     reach the address could guess it and swap modules. Use at least \
+                     {MIN_TOKEN_BYTES} bytes of random data, e.g. `openssl rand -hex 32`, or \
+                     listen on 127.0.0.1"
+                )
+            })?,
+        }
     }
     let token = match configured {
         Some(token) => token,
@@ -187,27 +200,217 @@ pub async fn serve(
     let bound: SocketAddr = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(address = %bound, "admin API listening");
     let router = router(app, spec.max_upload.0);
-    Ok(tokio::spawn(async move {
-        let served = axum::serve(listener, router)
-            .with_graceful_shutdown(async move {
-                let _ = stop.wait_for(|s| *s).await;
-            })
-            .await;
-        if let Err(err) = served {
-            tracing::error!(error = %err, "admin API stopped");
+    let limits = ConnectionLimits {
+        header_timeout: spec.header_timeout.0,
+        max_connections: spec.max_connections.0,
+    };
+    Ok(tokio::spawn(accept(listener, router, limits, stop)))
+}
+
+/// The shortest token accepted for a non-loopback listen.
+const MIN_TOKEN_BYTES: usize = 32;
+
+/// Why `token` is too weak to guard a non-loopback listen, if it is: fewer
+/// than [`MIN_TOKEN_BYTES`] bytes, or so repetitive that its length says
+/// little (one piece repeated, fewer than 8 distinct characters, or under
+/// 128 bits by its own character frequencies). Never quotes the token.
+fn strong_enough(token: &str) -> Result<(), String> {
+    let bytes = token.as_bytes();
+    if bytes.len() < MIN_TOKEN_BYTES {
+        return Err(format!(
+            "it is {} bytes; a token needs at least {MIN_TOKEN_BYTES} bytes",
+            bytes.len()
+        ));
+    }
+    let mut counts = [0usize; 256];
+    for &b in bytes {
+        counts[usize::from(b)] += 1;
+    }
+    let distinct = counts.iter().filter(|&&c| c > 0).count();
+    let n = bytes.len() as f64;
+    let bits: f64 = counts
+        .iter()
+        .filter(|&&c| c > 0)
+        .map(|&c| {
+            let p = c as f64 / n;
+            -p * p.log2() * n
+        })
+        .sum();
+    let repeated = (1..=bytes.len() / 2).any(|period| {
+        bytes.len().is_multiple_of(period) && bytes.chunks(period).all(|c| c == &bytes[..period])
+    });
+    if repeated || distinct < 8 || bits < 128.0 {
+        return Err(format!(
+            "its {} bytes are too repetitive ({distinct} distinct characters, about {} bits); \
+             a token needs at least {MIN_TOKEN_BYTES} bytes of random data",
+            bytes.len(),
+            bits as u64
+        ));
+    }
+    Ok(())
+}
+
+/// What one listener allows its clients.
+#[derive(Debug, Clone, Copy)]
+struct ConnectionLimits {
+    /// How long a client may take to send a request's headers, the first
+    /// or the next on a kept-alive connection.
+    header_timeout: Duration,
+    /// Connections served at once.
+    max_connections: usize,
+}
+
+/// How long a closed connection still swallows what its client sends
+/// (see [`linger`]).
+const LINGER: Duration = Duration::from_secs(2);
+
+/// Accepts connections until `stop` turns true: at most
+/// `limits.max_connections` at once (the next ones are answered 503 and
+/// closed at once), each served by hyper with a header timeout.
+async fn accept(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    limits: ConnectionLimits,
+    mut stop: watch::Receiver<bool>,
+) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let mut at_capacity = false;
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(err) => {
+                // Out of descriptors, most likely: wait for some to close
+                // rather than spin.
+                tracing::warn!(error = %err, "admin API: cannot accept a connection");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            if !at_capacity {
+                at_capacity = true;
+                tracing::warn!(
+                    max_connections = limits.max_connections,
+                    %peer,
+                    "admin API connection limit reached: new connections are refused until \
+                     some close (admin.max_connections)"
+                );
+            }
+            refuse(stream);
+            continue;
+        };
+        if at_capacity {
+            at_capacity = false;
+            tracing::info!("admin API below its connection limit again");
         }
-    }))
+        let router = router.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            serve_connection(stream, router, limits.header_timeout, stop).await;
+            drop(permit);
+        });
+    }
+}
+
+/// Answers a connection over the cap without reading from it, and closes
+/// it.
+fn refuse(stream: tokio::net::TcpStream) {
+    const BODY: &str = "{\"error\": {\"code\": \"too_many_connections\", \"message\": \
+                        \"the admin API serves as many connections as it may \
+                        (admin.max_connections): try again shortly\"}}";
+    let answer = format!(
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    // One non-blocking write into an empty socket buffer: it fits, and a
+    // client that does not read costs nothing.
+    let _ = stream.try_write(answer.as_bytes());
+}
+
+/// Serves one connection: HTTP/1.1 with keep-alive, headers within
+/// `header_timeout`, then a lingering close.
+async fn serve_connection(
+    stream: tokio::net::TcpStream,
+    router: Router,
+    header_timeout: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let service = hyper_util::service::TowerToHyperService::new(router);
+    // Boxed, so the connection can be polled without shutting its socket
+    // (`poll_without_shutdown` wants an `Unpin` future).
+    let service = hyper::service::service_fn(move |request| {
+        Box::pin(hyper::service::Service::call(&service, request))
+    });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        .keep_alive(true);
+    let mut connection = builder.serve_connection(TokioIo::new(stream), service);
+    let mut stopping = false;
+    let served = loop {
+        tokio::select! {
+            served = std::future::poll_fn(|cx| connection.poll_without_shutdown(cx)) => break served,
+            _ = stop.wait_for(|s| *s), if !stopping => {
+                stopping = true;
+                std::pin::Pin::new(&mut connection).graceful_shutdown();
+            }
+        }
+    };
+    match served {
+        Ok(()) => linger(connection.into_parts().io.into_inner()).await,
+        // A header timeout, a client gone, a malformed request: hyper has
+        // answered what could be; drop the socket.
+        Err(err) => tracing::debug!(error = %err, "admin API connection ended"),
+    }
+}
+
+/// Closes a connection whose last answer may have come before the request's
+/// body (a refusal from the headers): sends FIN so the client has the whole
+/// answer, then reads and discards what the client still sends, for at most
+/// [`LINGER`], so that closing does not reset the connection and destroy
+/// the answer before the client read it. Nothing read is kept.
+async fn linger(mut stream: tokio::net::TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    if stream.shutdown().await.is_err() {
+        return;
+    }
+    let mut discard = vec![0u8; 8192];
+    let _ = tokio::time::timeout(LINGER, async {
+        while let Ok(n) = stream.read(&mut discard).await {
+            if n == 0 {
+                break;
+            }
+        }
+    })
+    .await;
+}
+
+/// `n` random bytes, from the kernel.
+fn random_bytes<const N: usize>() -> std::io::Result<[u8; N]> {
+    use std::io::Read;
+    let mut bytes = [0u8; N];
+    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes))?;
+    Ok(bytes)
+}
+
+/// A random token: 32 bytes, in hex.
+fn random_token() -> Result<String, String> {
+    let bytes = random_bytes::<32>().map_err(|e| format!("generating a token: {e}"))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// A random token, written to `path` (mode 0600) for `datum admin`.
 fn generate_token(path: &std::path::Path) -> Result<String, String> {
-    use std::io::{Read, Write};
+    use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let mut bytes = [0u8; 32];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .map_err(|e| format!("generating a token: {e}"))?;
-    let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let token = random_token()?;
     let _ = std::fs::remove_file(path);
     std::fs::OpenOptions::new()
         .write(true)
@@ -296,14 +499,20 @@ async fn authorize(State(app): State<Arc<App>>, request: Request, next: Next) ->
     };
     match refusal {
         None => next.run(request).await,
-        Some(refusal) => {
-            // Read what the client is sending (within the upload limit)
-            // before answering: closing on an unread body resets the
-            // connection, and the client would see a broken pipe, not 401.
-            let _ = axum::body::to_bytes(request.into_body(), app.max_upload).await;
-            refusal.into_response()
-        }
+        // From the headers alone: the body is never read, and the
+        // connection is closed after the answer (see `linger`).
+        Some(refusal) => closing(refusal.into_response()),
     }
+}
+
+/// `response`, telling the client the connection closes after it: a
+/// request answered before its body was read cannot be followed by another
+/// on the same connection.
+fn closing(mut response: Response) -> Response {
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
 }
 
 async fn time_limit(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
@@ -343,12 +552,25 @@ fn rejected(status: StatusCode, text: String) -> ApiError {
 
 /// Gives axum's own rejections (404, 405, 413, 415, ...) the API's error
 /// shape.
+///
+/// An error answering a request that has a body closes the connection: the
+/// body may not have been read (nor will it be).
 async fn shape_errors(request: Request, next: Next) -> Response {
+    let has_body = request.headers().contains_key(header::TRANSFER_ENCODING)
+        || request
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes() != b"0");
     let response = next.run(request).await;
     let status = response.status();
     if !(status.is_client_error() || status.is_server_error()) {
         return response;
     }
+    let response = if has_body {
+        closing(response)
+    } else {
+        response
+    };
     let is_json = response
         .headers()
         .get(header::CONTENT_TYPE)
@@ -357,6 +579,7 @@ async fn shape_errors(request: Request, next: Next) -> Response {
         return response;
     }
     let code = code_for(status);
+    let close = response.headers().get(header::CONNECTION).cloned();
     let body = axum::body::to_bytes(response.into_body(), 4096)
         .await
         .unwrap_or_default();
@@ -366,7 +589,11 @@ async fn shape_errors(request: Request, next: Next) -> Response {
     } else {
         text
     };
-    ApiError::new(status, code, message).into_response()
+    let mut shaped = ApiError::new(status, code, message).into_response();
+    if let Some(close) = close {
+        shaped.headers_mut().insert(header::CONNECTION, close);
+    }
+    shaped
 }
 
 impl App {
@@ -646,10 +873,10 @@ fn fixture_name_ok(name: &str) -> bool {
             || name == "config.toml")
 }
 
-async fn read_upload(app: &Arc<App>, request: Request) -> Result<Upload, ApiError> {
-    // A body announced too large is refused before a byte of it is read.
-    let announced = request
-        .headers()
+/// Refuses an upload whose announced body exceeds `max_upload`, from its
+/// headers.
+fn check_announced_length(app: &App, headers: &header::HeaderMap) -> Result<(), ApiError> {
+    let announced = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
@@ -666,6 +893,10 @@ async fn read_upload(app: &Arc<App>, request: Request) -> Result<Upload, ApiErro
             ),
         ));
     }
+    Ok(())
+}
+
+async fn read_upload(app: &Arc<App>, request: Request) -> Result<Upload, ApiError> {
     let content_type = request
         .headers()
         .get(header::CONTENT_TYPE)
@@ -766,47 +997,76 @@ fn run_fixtures(
     config: &str,
     fixtures: &[(String, Vec<u8>)],
 ) -> Result<u64, SwapError> {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "datum-upload-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ));
     let internal = |e: std::io::Error| SwapError::Internal(format!("fixtures: {e}"));
-    std::fs::create_dir_all(&dir).map_err(internal)?;
-    let result = (|| {
-        let module = dir.join("module.wasm");
-        std::fs::write(&module, wasm).map_err(internal)?;
-        if !fixtures.iter().any(|(name, _)| name == "config.toml") {
-            std::fs::write(dir.join("config.toml"), config).map_err(internal)?;
-        }
-        for (name, bytes) in fixtures {
-            std::fs::write(dir.join(name), bytes).map_err(internal)?;
-        }
-        let mut report = Vec::new();
-        let summary = crate::golden::run_suite(
-            &module,
-            &dir,
-            &crate::golden::Options::default(),
-            &mut report,
-        )
-        .map_err(|e| SwapError::Fixtures {
-            failed: 1,
-            total: 1,
-            report: e.to_string(),
-        })?;
-        if summary.failed > 0 {
-            return Err(SwapError::Fixtures {
-                failed: summary.failed,
-                total: summary.failed + summary.passed,
-                report: String::from_utf8_lossy(&report).into_owned(),
-            });
-        }
-        Ok(summary.passed as u64)
-    })();
-    let _ = std::fs::remove_dir_all(&dir);
-    result
+    // Removed when it goes out of scope, whatever the outcome.
+    let private = PrivateDir::new().map_err(internal)?;
+    let dir = private.path();
+    let module = dir.join("module.wasm");
+    write_new(&module, wasm).map_err(internal)?;
+    if !fixtures.iter().any(|(name, _)| name == "config.toml") {
+        write_new(&dir.join("config.toml"), config.as_bytes()).map_err(internal)?;
+    }
+    for (name, bytes) in fixtures {
+        write_new(&dir.join(name), bytes).map_err(internal)?;
+    }
+    let mut report = Vec::new();
+    let summary = crate::golden::run_suite(
+        &module,
+        dir,
+        &crate::golden::Options::default(),
+        &mut report,
+    )
+    .map_err(|e| SwapError::Fixtures {
+        failed: 1,
+        total: 1,
+        report: e.to_string(),
+    })?;
+    if summary.failed > 0 {
+        return Err(SwapError::Fixtures {
+            failed: summary.failed,
+            total: summary.failed + summary.passed,
+            report: String::from_utf8_lossy(&report).into_owned(),
+        });
+    }
+    Ok(summary.passed as u64)
+}
+
+/// A directory only this process's user can enter, made by `mkdtemp(3)`
+/// in the temporary directory: a fresh random name, created atomically
+/// with mode 0700, so nothing another local user prepared (a directory of
+/// the same name, symlinks in it) is ever used. Removed on drop.
+#[derive(Debug)]
+struct PrivateDir(std::path::PathBuf);
+
+impl PrivateDir {
+    fn new() -> std::io::Result<PrivateDir> {
+        nix::unistd::mkdtemp(&std::env::temp_dir().join("datum-upload-XXXXXX"))
+            .map(PrivateDir)
+            .map_err(std::io::Error::from)
+    }
+
+    fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for PrivateDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Writes a file that must not exist yet (`O_EXCL`: never through a
+/// symlink), readable by this user only.
+fn write_new(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?
+        .write_all(bytes)
 }
 
 async fn upload(
@@ -815,12 +1075,13 @@ async fn upload(
     RawQuery(query): RawQuery,
     request: Request,
 ) -> Result<Response, ApiError> {
-    // The body first: answering before reading it would reset the
-    // connection under a client still sending.
-    let upload = read_upload(&app, request).await?;
+    // Everything the headers, the path and the query decide comes before
+    // the body: a refusal reads none of it (the connection then closes).
+    check_announced_length(&app, request.headers())?;
     let dry_run = flag(query.as_deref(), "dry_run")?;
     let control = app.pipeline(&pipeline)?.clone();
     let slot = find_slot(&control, &pipeline, &module)?;
+    let upload = read_upload(&app, request).await?;
     let wasm = upload.wasm.unwrap_or_default();
     let config = upload.config.unwrap_or_else(|| slot.config.clone());
     let fixtures = upload.fixtures;
@@ -873,15 +1134,30 @@ async fn rollback(
     struct Body {
         version: Option<u64>,
     }
+    let refused = |why: String| {
+        ApiError::bad_request(format!(
+            "the body: {why} (send {{\"version\": N}} or nothing)"
+        ))
+    };
     let to = if body.iter().all(u8::is_ascii_whitespace) {
         None
     } else {
-        serde_json::from_slice::<Body>(&body)
-            .map_err(|e| {
-                ApiError::bad_request(format!(
-                    "the body: {e} (send {{\"version\": N}} or nothing)"
-                ))
-            })?
+        // An object, and only an object: serde's derive would also take a
+        // struct from an array, reading `[1]` as `{"version": 1}`.
+        let value: Json = serde_json::from_slice(&body).map_err(|e| refused(e.to_string()))?;
+        let kind = match &value {
+            Json::Object(_) => None,
+            Json::Array(_) => Some("an array"),
+            Json::String(_) => Some("a string"),
+            Json::Number(_) => Some("a number"),
+            Json::Bool(_) => Some("a boolean"),
+            Json::Null => Some("null"),
+        };
+        if let Some(kind) = kind {
+            return Err(refused(format!("a JSON object is expected, not {kind}")));
+        }
+        serde_json::from_value::<Body>(value)
+            .map_err(|e| refused(e.to_string()))?
             .version
     };
     let control = app.pipeline(&pipeline)?.clone();
@@ -1020,4 +1296,44 @@ async fn replay_dead_letter(
     app.host.store.remove_dead_letter(&pipeline, letter.id)?;
     tracing::info!(pipeline = %pipeline, id = letter.id, changes, "dead letter replayed over the admin API");
     ok(json!({"id": letter.id, "replayed": true, "changes": changes}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_generated_token_is_strong_enough_for_any_listen() {
+        for _ in 0..100 {
+            let token = random_token().expect("a token");
+            assert_eq!(strong_enough(&token), Ok(()), "{token}");
+        }
+        // What `openssl rand -hex 32` and `openssl rand -base64 32` print.
+        assert_eq!(
+            strong_enough("9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"),
+            Ok(())
+        );
+        assert_eq!(
+            strong_enough("n4bQgYhMfWWaL+qgxVrQFaO/TxsrC4Is0V/sRSbNXm4="),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn short_or_repetitive_tokens_are_too_weak_and_the_reason_does_not_quote_them() {
+        for token in [
+            "",
+            "s3cret",
+            "0123456789abcdef0123456789abcde",
+            &"a".repeat(64),
+            &"ab".repeat(32),
+            &"abcd".repeat(16),
+            &"password".repeat(4),
+            &"0123456789abcdef".repeat(2),
+        ] {
+            let why = strong_enough(token).expect_err(token);
+            assert!(why.contains("32 bytes"), "{token}: {why}");
+            assert!(token.is_empty() || !why.contains(token), "{why}");
+        }
+    }
 }

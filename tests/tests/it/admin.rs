@@ -1016,7 +1016,9 @@ async fn refusals_come_whole_even_to_a_client_still_sending() {
         Err(message) => assert!(message.contains("without a token"), "{message}"),
         Ok(_) => panic!("listened on 0.0.0.0 without a token"),
     }
-    // A client too slow to send its body gets 408 at request_timeout.
+    // A client too slow to send its body gets 408 at request_timeout (on a
+    // route that reads its body before looking the pipeline up: the upload
+    // route refuses an unknown pipeline from the path alone).
     let slow_port = free_port();
     let _slow = serve_alone(
         &dir,
@@ -1033,8 +1035,8 @@ async fn refusals_come_whole_even_to_a_client_still_sending() {
             .await
             .expect("connect");
         let head = format!(
-            "POST /v1/pipelines/p/modules/m/versions HTTP/1.1\r\nHost: localhost\r\n\
-             Authorization: Bearer {TOKEN}\r\nContent-Length: 1000\r\n\r\n0123456789"
+            "POST /v1/pipelines/p/modules/m/rollback HTTP/1.1\r\nHost: localhost\r\n\
+             Authorization: Bearer {TOKEN}\r\nContent-Length: 1000\r\n\r\n{{\"versio"
         );
         stream.write_all(head.as_bytes()).await.expect("write");
         let started = Instant::now();
@@ -1215,4 +1217,504 @@ async fn datum_admin_drives_a_host_with_a_generated_token() {
     let (code, _, err) = datum(&["status"]);
     assert_eq!(code, Some(2), "{err}");
     let _ = std::fs::remove_dir_all(dir);
+}
+
+// ---------------------------------------------------------------------------
+// The HTTP layer against hostile clients: raw sockets, in-process servers.
+
+/// What a raw client saw: the bytes, and whether the server closed the
+/// connection (EOF or reset) before `within` ran out.
+async fn read_until_closed(stream: &mut tokio::net::TcpStream, within: Duration) -> (String, bool) {
+    use tokio::io::AsyncReadExt;
+    let mut seen = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut chunk)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return (String::from_utf8_lossy(&seen).into_owned(), true),
+            Ok(Ok(n)) => seen.extend_from_slice(&chunk[..n]),
+            Err(_) => return (String::from_utf8_lossy(&seen).into_owned(), false),
+        }
+    }
+}
+
+/// Connects to the in-process server on `port`.
+async fn raw(port: u16) -> tokio::net::TcpStream {
+    tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect")
+}
+
+/// A request refused from its headers is answered at once, before a byte of
+/// its body came, and the connection is closed: the server neither waits for
+/// nor keeps the body. (It used to read the whole body, up to `max_upload`,
+/// before its 401.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unauthenticated_upload_is_refused_before_its_body_is_read() {
+    use tokio::io::AsyncWriteExt;
+    let dir = temp_dir("admin-early-refusal");
+    let port = free_port();
+    // A long request timeout: an answer that waited for the body would come
+    // only after it, as a 408.
+    let _server = serve_alone(
+        &dir,
+        "early",
+        &format!(
+            "listen = \"127.0.0.1:{port}\"\ntoken = \"{TOKEN}\"\nmax_upload = \"64MiB\"\n\
+             request_timeout = \"120s\""
+        ),
+    )
+    .await
+    .expect("serve");
+    let upload = "POST /v1/pipelines/p/modules/m/versions HTTP/1.1\r\nHost: 127.0.0.1\r\n\
+                  Content-Type: application/wasm\r\n";
+    for (what, headers, status, code) in [
+        ("no token", String::new(), "401", "missing_token"),
+        (
+            "wrong token",
+            "Authorization: Bearer not-the-token\r\n".to_owned(),
+            "401",
+            "invalid_token",
+        ),
+        (
+            "announced too large",
+            format!("Authorization: Bearer {TOKEN}\r\n"),
+            "413",
+            "payload_too_large",
+        ),
+        (
+            "no such pipeline",
+            format!("Authorization: Bearer {TOKEN}\r\n"),
+            "404",
+            "not_found",
+        ),
+    ] {
+        let length: u64 = if code == "payload_too_large" {
+            1 << 30
+        } else {
+            60 << 20
+        };
+        let mut stream = raw(port).await;
+        let head = format!("{upload}{headers}Content-Length: {length}\r\n\r\n");
+        stream.write_all(head.as_bytes()).await.expect("head");
+        // A first slice of the body, then nothing: the answer must not wait
+        // for the rest.
+        stream.write_all(&[0u8; 1024]).await.expect("a slice");
+        let started = Instant::now();
+        let (answer, closed) = read_until_closed(&mut stream, Duration::from_secs(30)).await;
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status} ")),
+            "{what}: {answer:?} after {:?}",
+            started.elapsed()
+        );
+        assert!(answer.contains(&format!("\"{code}\"")), "{what}: {answer}");
+        assert!(
+            answer.to_ascii_lowercase().contains("connection: close"),
+            "{what}: {answer}"
+        );
+        assert!(closed, "{what}: the connection stayed open: {answer}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A client that sends its headers a byte at a time, or nothing at all, is
+/// disconnected once `header_timeout` has passed. (There was no header
+/// timeout: such a client held its connection for as long as it liked.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_slow_to_send_its_headers_is_disconnected_after_the_header_timeout() {
+    use tokio::io::AsyncWriteExt;
+    let dir = temp_dir("admin-header-timeout");
+    let port = free_port();
+    let _server = serve_alone(
+        &dir,
+        "slow",
+        &format!(
+            "listen = \"127.0.0.1:{port}\"\ntoken = \"{TOKEN}\"\nheader_timeout = \"1s\"\n\
+             request_timeout = \"120s\""
+        ),
+    )
+    .await
+    .expect("serve");
+    // Silent: connects and sends nothing.
+    let mut silent = raw(port).await;
+    let started = Instant::now();
+    let (answer, closed) = read_until_closed(&mut silent, Duration::from_secs(20)).await;
+    assert!(
+        closed,
+        "a silent client was still connected after {:?}",
+        started.elapsed()
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "closed before the header timeout: {:?} {answer:?}",
+        started.elapsed()
+    );
+
+    // Trickling: one byte of a never-ending header every 100 ms, at most
+    // 200 bytes (20 s).
+    let mut trickle = raw(port).await;
+    trickle
+        .write_all(b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+        .await
+        .expect("head");
+    let started = Instant::now();
+    let mut disconnected = false;
+    for _ in 0..200 {
+        if trickle.write_all(b"a").await.is_err() {
+            disconnected = true;
+            break;
+        }
+        let (_, closed) = read_until_closed(&mut trickle, Duration::from_millis(100)).await;
+        if closed {
+            disconnected = true;
+            break;
+        }
+    }
+    assert!(
+        disconnected,
+        "a trickling client was still connected after {:?}",
+        started.elapsed()
+    );
+    // A prompt client is served as before.
+    let admin = Admin::new(port);
+    let (status, body) = admin.send(admin.client.get(admin.url("/v1/health"))).await;
+    assert_eq!(status, 200, "{body}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Collects what a tracing subscriber writes.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|p| p.into_inner())).into_owned()
+    }
+}
+
+/// With `max_connections` connections open, the next one is refused at
+/// once (and the log says why), and the API serves again once they close.
+/// (There was no cap: idle sockets piled up until the process ran out of
+/// file descriptors and `/v1/health` stopped answering.)
+///
+/// One thread, so the server's tasks log to this test's subscriber.
+#[tokio::test(flavor = "current_thread")]
+async fn connections_beyond_max_connections_are_refused_and_the_api_serves_again_once_they_close() {
+    use tokio::io::AsyncWriteExt;
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _log = tracing::subscriber::set_default(subscriber);
+    let dir = temp_dir("admin-max-connections");
+    let port = free_port();
+    let _server = serve_alone(
+        &dir,
+        "cap",
+        &format!(
+            "listen = \"127.0.0.1:{port}\"\ntoken = \"{TOKEN}\"\nmax_connections = 4\n\
+             header_timeout = \"120s\""
+        ),
+    )
+    .await
+    .expect("serve");
+    let health = b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    // Four kept-alive connections, each answered once: the server holds all
+    // four.
+    let mut held = Vec::new();
+    for i in 0..4 {
+        let mut stream = raw(port).await;
+        stream.write_all(health).await.expect("request");
+        let (answer, closed) = read_until_closed(&mut stream, Duration::from_millis(500)).await;
+        assert!(
+            answer.starts_with("HTTP/1.1 200 ") && !closed,
+            "connection {i}: {answer:?}"
+        );
+        held.push(stream);
+    }
+    // The fifth is refused and closed at once.
+    let mut fifth = raw(port).await;
+    let _ = fifth.write_all(health).await;
+    let (answer, closed) = read_until_closed(&mut fifth, Duration::from_secs(10)).await;
+    assert!(closed, "a fifth connection was kept: {answer:?}");
+    assert!(
+        !answer.contains(" 200 "),
+        "a fifth connection was served: {answer}"
+    );
+    if !answer.is_empty() {
+        assert!(answer.starts_with("HTTP/1.1 503 "), "{answer}");
+        assert!(answer.contains("\"too_many_connections\""), "{answer}");
+    }
+    let log = captured.text();
+    assert!(
+        log.contains("max_connections"),
+        "no log line says the cap was reached:\n{log}"
+    );
+    // Once they close, the API serves again (within 10 s: the server sees
+    // each close on its next read).
+    drop(held);
+    let mut served = String::new();
+    for _ in 0..100 {
+        let mut stream = raw(port).await;
+        if stream.write_all(health).await.is_ok() {
+            let (answer, _) = read_until_closed(&mut stream, Duration::from_millis(100)).await;
+            if answer.starts_with("HTTP/1.1 200 ") {
+                served = answer;
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        served.contains("\"ok\""),
+        "health never answered once the connections closed"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `datum run` raises its soft limit of open files to the hard limit, so the
+/// connection cap, not the descriptor table, is what refuses connections.
+/// (It kept the soft limit it inherited, often 1,024.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn datum_run_raises_its_soft_open_file_limit_to_the_hard_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
+    let low = 256.min(hard);
+    assert!(low < hard, "the hard limit ({hard}) is too low to tell");
+    let setup = Setup::new("admin-nofile").await;
+    let (pg, dir, port) = (&setup.pg, &setup.dir, setup.port);
+    let host = Host::start_with(dir, &config(pg, port, "", &tagger_transform()), |command| {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: setrlimit is async-signal-safe, and the closure allocates
+        // nothing.
+        unsafe {
+            command.pre_exec(move || {
+                setrlimit(Resource::RLIMIT_NOFILE, low, hard).map_err(std::io::Error::from)
+            });
+        }
+    });
+    Admin::new(port).wait_running(&host).await;
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", host.pid())).expect("limits");
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap_or_else(|| panic!("{limits}"));
+    let numbers: Vec<&str> = line.split_whitespace().skip(3).take(2).collect();
+    assert_eq!(
+        numbers,
+        vec![hard.to_string(), hard.to_string()],
+        "soft and hard limits: {line}\n{}",
+        host.log()
+    );
+    let (status, log) = host.stop(30);
+    assert!(status.success(), "{log}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// An upload with fixtures works even when another local user planted, in
+/// the temporary directory, every predictable name the host could pick, each
+/// with symlinks to a file of the host's account — and that file is left
+/// alone. (Fixtures went to `/tmp/datum-upload-<pid>-<n>`, created with
+/// `create_dir_all`, written with `fs::write`: an existing directory was
+/// accepted and its symlinks followed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_with_fixtures_ignores_a_planted_temporary_directory_and_its_symlinks() {
+    use std::os::unix::fs::PermissionsExt;
+    let setup = Setup::new("admin-tmp-plant").await;
+    let (pg, dir, port) = (&setup.pg, &setup.dir, setup.port);
+    let tmp = dir.join("tmp");
+    std::fs::create_dir_all(&tmp).expect("tmp");
+    let victim = dir.join("victim.secret");
+    std::fs::write(&victim, "precious\n").expect("victim");
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).expect("0600");
+    let host = Host::start_with(
+        dir,
+        &config(pg, port, "max_upload = \"8MiB\"", &tagger_transform()),
+        |command| {
+            command.env("TMPDIR", &tmp);
+        },
+    );
+    let admin = Admin::new(port);
+    admin.wait_running(&host).await;
+    // The names the host would have used for its first uploads, each full
+    // of symlinks to the victim.
+    let names = [
+        "module.wasm",
+        "config.toml",
+        "one.input.json",
+        "one.expected.json",
+    ];
+    for n in 0..8 {
+        let planted = tmp.join(format!("datum-upload-{}-{n}", host.pid()));
+        std::fs::create_dir_all(&planted).expect("plant");
+        std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o777)).expect("777");
+        for name in names {
+            std::os::unix::fs::symlink(&victim, planted.join(name)).expect("symlink");
+        }
+    }
+    let wasm = example_wasm("tagger");
+    let input =
+        br#"{"changes": [{"op": "insert", "table": "t", "key": ["id"], "new": {"id": 1}}]}"#;
+    let expected = br#"{"changes": [{"op": "insert", "table": "t", "key": ["id"], "new": {"id": 1, "tag": "v1"}}]}"#;
+    let parts: [(&str, Option<&str>, &[u8]); 4] = [
+        ("module", Some("tagger.wasm"), &wasm),
+        ("config", None, b"tag = \"v1\""),
+        ("fixture", Some("one.input.json"), input),
+        ("fixture", Some("one.expected.json"), expected),
+    ];
+    let path = "/v1/pipelines/p/modules/tagger/versions";
+    let (status, body) = admin
+        .upload_parts(&format!("{path}?dry_run=true"), &parts)
+        .await;
+    assert_eq!(
+        std::fs::read_to_string(&victim).expect("victim"),
+        "precious\n",
+        "the upload wrote through a planted symlink (answer {status} {body})"
+    );
+    assert_eq!(
+        (status, body["fixtures"].as_u64()),
+        (200, Some(1)),
+        "{body}"
+    );
+    let (status, body) = admin.upload_parts(path, &parts).await;
+    assert_eq!(
+        (status, body["fixtures"].as_u64()),
+        (201, Some(1)),
+        "{body}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&victim).expect("victim"),
+        "precious\n"
+    );
+    // Nothing of the host's is left in the temporary directory.
+    let left: Vec<String> = std::fs::read_dir(&tmp)
+        .expect("tmp")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| !name.starts_with(&format!("datum-upload-{}-", host.pid())))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let (status, log) = host.stop(30);
+    assert!(status.success(), "{log}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A rollback body must be a JSON object (or nothing). (`[1]` was read as
+/// `{"version": 1}`: serde's derive takes a struct from a sequence too.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_body_that_is_not_an_object_is_refused() {
+    let dir = temp_dir("admin-rollback-body");
+    let port = free_port();
+    let _server = serve_alone(
+        &dir,
+        "rollback",
+        &format!("listen = \"127.0.0.1:{port}\"\ntoken = \"{TOKEN}\""),
+    )
+    .await
+    .expect("serve");
+    let admin = Admin::new(port);
+    let path = "/v1/pipelines/p/modules/m/rollback";
+    for body in [json!([1]), json!([]), json!(1), json!("1"), json!(null)] {
+        let (status, answer) = admin.post(path, body.clone()).await;
+        assert_eq!(
+            (status, answer["error"]["code"].as_str()),
+            (400, Some("invalid_request")),
+            "{body}: {answer}"
+        );
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("{\"version\": N}"), "{body}: {message}");
+    }
+    // An object still reaches the pipeline lookup (none here: 404).
+    let (status, answer) = admin.post(path, json!({"version": 1})).await;
+    assert_eq!(status, 404, "{answer}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A non-loopback listen needs a token of at least 32 bytes that is not
+/// obviously guessable, and the refusal says how to make one. (Any
+/// non-empty token was accepted.) The address is TEST-NET-1, never this
+/// host's: nothing listens beyond loopback even if the check is missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_weak_token_is_refused_for_a_non_loopback_listen() {
+    let dir = temp_dir("admin-weak-token");
+    for (what, token) in [
+        ("short", "s3cret-but-short".to_owned()),
+        ("31 bytes", "x".repeat(31)),
+        ("one repeated character", "a".repeat(64)),
+        ("two characters", "ab".repeat(32)),
+    ] {
+        match serve_alone(
+            &dir,
+            "weak",
+            &format!("listen = \"192.0.2.1:7070\"\ntoken = \"{token}\""),
+        )
+        .await
+        {
+            Err(message) => {
+                assert!(
+                    message.contains("openssl rand -hex 32") && message.contains("32 bytes"),
+                    "{what}: {message}"
+                );
+                assert!(
+                    !message.contains(&token),
+                    "{what}: the token is echoed: {message}"
+                );
+            }
+            Ok(_) => panic!("{what}: a weak token was accepted for a non-loopback listen"),
+        }
+    }
+    // On loopback, any token still does.
+    let port = free_port();
+    serve_alone(
+        &dir,
+        "loopback",
+        &format!("listen = \"127.0.0.1:{port}\"\ntoken = \"short\""),
+    )
+    .await
+    .expect("a short token on loopback");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A configuration file whose `[admin] token` line is broken does not put
+/// the token in `datum run`'s error. (toml's report quotes the offending
+/// line, literal secrets included.)
+#[test]
+fn a_broken_config_line_does_not_echo_its_secret() {
+    let dir = temp_dir("admin-config-secret");
+    let secret = "hunter2-e8f0c1d2b3a4";
+    let config = format!(
+        "[admin]\nlisten = \"127.0.0.1:1\"\ntoken = \"{secret}\" trailing\n\n[[pipeline]]\n\
+         name = \"x\"\nsource.url = \"postgres://localhost/x\"\nsink.type = \"stdout\"\n"
+    );
+    let path = dir.join("datum.toml");
+    std::fs::write(&path, config).expect("config");
+    let output = std::process::Command::new(datum_tests::datum_bin())
+        .arg("run")
+        .arg(&path)
+        .output()
+        .expect("datum run");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("line 3"),
+        "the line is still named: {stderr}"
+    );
+    assert!(!stderr.contains(secret), "the secret was echoed: {stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

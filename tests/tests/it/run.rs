@@ -37,18 +37,38 @@ impl Host {
         )
     }
 
+    /// With the command adjusted first (environment, limits).
+    pub(crate) fn start_with(dir: &Path, config: &str, adjust: impl FnOnce(&mut Command)) -> Host {
+        Host::spawn_with(dir, config, Stdio::null(), adjust)
+    }
+
     fn spawn(dir: &Path, config: &str, stdout: Stdio) -> Host {
+        Host::spawn_with(dir, config, stdout, |_| {})
+    }
+
+    fn spawn_with(
+        dir: &Path,
+        config: &str,
+        stdout: Stdio,
+        adjust: impl FnOnce(&mut Command),
+    ) -> Host {
         let path = dir.join("datum.toml");
         std::fs::write(&path, config).expect("config");
         let stderr = dir.join("stderr.log");
-        let child = Command::new(datum_bin())
+        let mut command = Command::new(datum_bin());
+        command
             .arg("run")
             .arg(&path)
             .stdout(stdout)
-            .stderr(std::fs::File::create(&stderr).expect("log file"))
-            .spawn()
-            .expect("datum run");
+            .stderr(std::fs::File::create(&stderr).expect("log file"));
+        adjust(&mut command);
+        let child = command.spawn().expect("datum run");
         Host { child, stderr }
+    }
+
+    /// The process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub(crate) fn log(&self) -> String {
