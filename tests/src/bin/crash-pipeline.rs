@@ -83,7 +83,10 @@ async fn main() {
         file,
         delay: Duration::from_millis(delay.parse().expect("delay")),
     };
-    let config = PipelineConfig::new("p", source);
+    let mut config = PipelineConfig::new("p", source);
+    // The test prepares the slot before the first incarnation's state file
+    // exists.
+    config.adopt_slot = true;
     let result = pipeline::run(config, store, sink, None, async move {
         sigint.recv().await;
     })

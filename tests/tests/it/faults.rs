@@ -388,25 +388,30 @@ async fn a_full_disk_under_the_state_file_recovers_once_space_is_freed() {
 
 /// Regression: with commits failing, SIGTERM left `datum run` "draining"
 /// for 90 s and more. `drain_timeout` now bounds shutdown: the host exits
-/// non-zero, with nothing committed that was not durable.
+/// within it — non-zero when commits were still failing (a reopened handle
+/// may also find room for the last ones) — and the slot never passes what
+/// the state file durably holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_with_failing_commits_exits_within_drain_timeout() {
     let extra = format!("drain_timeout = \"2s\"\n{}", identity_transform());
     let Some(mut f) = full_disk("drain-disk", &extra).await else {
         return;
     };
-    let before = confirmed_flush(&f.client).await;
     let started = Instant::now();
     let host = f.host.take().expect("the host");
     let (status, log) = host.stop(30);
     let took = started.elapsed();
-    assert!(!status.success(), "{status:?}\n{log}");
     assert!(took < Duration::from_secs(12), "took {took:?}:\n{log}");
-    assert!(log.contains("drain_timeout"), "{log}");
-    assert_eq!(
-        confirmed_flush(&f.client).await,
-        before,
-        "the slot moved while nothing could be committed"
+    if !status.success() {
+        assert!(log.contains("drain_timeout"), "{log}");
+    }
+    f.disk.free();
+    let store = Store::open(f.disk.path.join("state.redb")).expect("the state file opens");
+    let durable = store.offset("p").expect("read").map(|o| o.end_lsn);
+    let confirmed = confirmed_flush(&f.client).await;
+    assert!(
+        Some(confirmed) <= durable,
+        "the slot ({confirmed}) passed the state file ({durable:?})"
     );
     drop(f.pg);
 }
