@@ -224,7 +224,7 @@ fn command(command: cli::Command) -> ExitCode {
                 }
                 Ok(Err(err)) => {
                     if let Some(body) = err.json() {
-                        say(&body.to_string());
+                        say(body);
                     }
                     eprintln!("error: {err}");
                     ExitCode::from(err.exit_code())
