@@ -899,9 +899,15 @@ pub async fn commit_loop(
             _ = shutdown.as_mut() => true,
             changed = targets.changed() => changed.is_err(),
         };
-        if !stopping && !policy.group_delay.is_zero() {
-            tokio::time::sleep(policy.group_delay).await;
-        }
+        // Wait for more acknowledgements to share the commit, but not past
+        // a shutdown: the final commit happens at once.
+        let stopping = stopping
+            || (!policy.group_delay.is_zero()
+                && tokio::select! {
+                    biased;
+                    _ = shutdown.as_mut() => true,
+                    _ = tokio::time::sleep(policy.group_delay) => false,
+                });
         loop {
             let target = *targets.borrow_and_update();
             if target.end_lsn <= feedback.flushed() {

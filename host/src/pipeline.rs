@@ -302,6 +302,7 @@ pub async fn run<S: Sink>(
     let counters = config.stats.clone();
     let (stop_source, source_stopped) = watch::channel(false);
     let (stop_commits, commits_stopped) = watch::channel(false);
+    let (settle_source, source_settled) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
@@ -332,6 +333,7 @@ pub async fn run<S: Sink>(
             feedback.clone(),
             stats.clone(),
             stopped(source_stopped),
+            stopped(source_settled),
         ),
     );
     let transformer = spawn_transforms(
@@ -561,13 +563,16 @@ pub async fn run<S: Sink>(
     let teardown_deadline =
         deadline.unwrap_or_else(|| tokio::time::Instant::now() + config.drain_timeout);
     let committer_abort = committer.abort_handle();
+    // The source stays connected until the final commit, then confirms it
+    // to the slot.
     let teardown = async {
-        if !source_task.is_finished() {
-            let _ = source_task.await;
-        }
         let _ = tokio::task::spawn_blocking(move || transformer.join()).await;
         let _ = stop_commits.send(true);
         let _ = committer.await;
+        let _ = settle_source.send(true);
+        if !source_task.is_finished() {
+            let _ = source_task.await;
+        }
     };
     if tokio::time::timeout_at(teardown_deadline, teardown)
         .await

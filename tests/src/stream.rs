@@ -72,6 +72,7 @@ impl Running {
             async move {
                 let _ = stop_rx.await;
             },
+            std::future::ready(()),
         ));
         Running {
             rx,

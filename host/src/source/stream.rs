@@ -79,6 +79,13 @@ type Shutdown<'a> = Pin<&'a mut (dyn Future<Output = ()> + Send)>;
 /// (the checkpoint), or [`Lsn::ZERO`] to start from the slot's confirmed
 /// position. `feedback` learns of every batch sent and says what is
 /// checkpointed.
+///
+/// After `shutdown`, `out` is dropped (the stages downstream end) and the
+/// connection stays open until `settled` completes — the caller's final
+/// checkpoint — so that the slot is confirmed up to it before the
+/// connection closes. A clean stop thus leaves the slot where the state
+/// file is, and a restart without the state file (an adopted slot) does
+/// not deliver the last transactions again.
 pub async fn run(
     config: SourceConfig,
     resume_after: Lsn,
@@ -86,6 +93,7 @@ pub async fn run(
     feedback: Arc<Feedback>,
     stats: Arc<SourceStats>,
     shutdown: impl Future<Output = ()> + Send,
+    settled: impl Future<Output = ()> + Send,
 ) -> Result<(), SourceError> {
     let mut shutdown = std::pin::pin!(shutdown);
     let mut shutdown: Shutdown<'_> = shutdown.as_mut();
@@ -104,8 +112,26 @@ pub async fn run(
         };
         let outcome = session.run(requested, shutdown.as_mut()).await;
         let streamed = session.streaming;
+        let received = session.received;
         match outcome {
-            Ok(()) => return Ok(()),
+            Ok(mut conn) => {
+                // Stopped: nothing more goes downstream. The connection
+                // stays open until what is in flight is checkpointed, so
+                // that the slot hears of the final checkpoint.
+                drop(out);
+                settled.await;
+                let flushed = feedback.flushed();
+                stats.status_updates.fetch_add(1, Ordering::Relaxed);
+                let sent = conn
+                    .send_status(received.max(flushed), flushed, flushed, false)
+                    .await;
+                if sent.is_ok() {
+                    stats.confirmed_lsn.store(flushed.0, Ordering::Relaxed);
+                    tracing::debug!(slot = %config.slot, confirmed = %flushed, "final position confirmed");
+                }
+                conn.close().await;
+                return Ok(());
+            }
             Err(err) if err.is_transient() => {
                 stats.reconnects.fetch_add(1, Ordering::Relaxed);
                 if streamed {
@@ -158,7 +184,13 @@ enum Flow {
 }
 
 impl Session<'_> {
-    async fn run(&mut self, requested: Lsn, mut shutdown: Shutdown<'_>) -> Result<(), SourceError> {
+    /// Streams until `shutdown`, then hands back the open connection for
+    /// the final status update.
+    async fn run(
+        &mut self,
+        requested: Lsn,
+        mut shutdown: Shutdown<'_>,
+    ) -> Result<Connection, SourceError> {
         let config = self.config;
         let client = catalog::connect(&config.conninfo).await?;
         let interval = match config.status_interval {
@@ -319,11 +351,11 @@ impl Session<'_> {
         }
     }
 
-    /// Tells the server what is checkpointed and closes the connection.
-    async fn finish(&mut self, mut conn: Connection) -> Result<(), SourceError> {
+    /// Tells the server what is checkpointed so far and hands the
+    /// connection back: the caller confirms the final position.
+    async fn finish(&mut self, mut conn: Connection) -> Result<Connection, SourceError> {
         self.send_status(&mut conn, false).await?;
-        conn.close().await;
-        Ok(())
+        Ok(conn)
     }
 
     async fn send_status(&mut self, conn: &mut Connection, reply: bool) -> Result<(), SourceError> {

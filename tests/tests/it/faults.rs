@@ -545,6 +545,54 @@ async fn a_slot_the_state_file_does_not_know_is_refused_unless_adopted() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Regression: on a clean stop the source closed its connection before the
+/// final checkpoint commit, so the slot stayed behind the state file; an
+/// adopted slot (the state file lost) then delivered the last transactions
+/// again. The connection now stays open until the final commit and
+/// confirms it: after a clean stop the slot is exactly where the state file
+/// is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_stop_confirms_the_final_checkpoint_to_the_slot() {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    client
+        .batch_execute("CREATE TABLE t (id int PRIMARY KEY)")
+        .await
+        .expect("schema");
+    let dir = temp_dir("clean-stop");
+    let state = dir.join("state.redb");
+    let url = pg.conninfo("postgres");
+    // A long group commit: the checkpoint of the last transactions is
+    // committed while the host stops, not before.
+    let toml = config(&url, &dir, &state, free_port(), "group_commit = \"5s\"");
+    for round in 1..=3i64 {
+        let host = Host::start(&dir, &toml);
+        wait_for_slots(&client, &["datum_p"], &host).await;
+        let before = current_lsn(&client).await;
+        client
+            .batch_execute(&format!("INSERT INTO t VALUES ({round})"))
+            .await
+            .expect("insert");
+        wait_for_line(&dir.join("out.jsonl"), &host, |l| l["new"]["id"] == round);
+        let (status, log) = host.stop(30);
+        assert!(status.success(), "{log}");
+        let store = Store::open(&state).expect("the state file opens");
+        let durable = store.offset("p").expect("read").expect("an offset").end_lsn;
+        drop(store);
+        assert!(
+            durable > before,
+            "round {round}: the insert is checkpointed"
+        );
+        assert_eq!(
+            confirmed_flush(&client).await,
+            durable,
+            "round {round}: the slot is confirmed up to the state file\n{log}"
+        );
+    }
+    assert_eq!(ids(&dir.join("out.jsonl")), [1, 2, 3]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The pipeline's position is recorded before its slot is created, so a
 /// crash between creating the slot and the first checkpoint restarts
 /// cleanly: the recorded 0/0 means "the slot's own position", neither an
