@@ -19,7 +19,9 @@ test: _pg _wasm-target
     set -euo pipefail
     # What the tests run as a user would — the datum binary and the wasm
     # modules — is built first, so no test spends its time limit compiling.
-    cargo build -p datum --bin datum
+    # One build of the workspace's binaries and tests: one feature
+    # resolution, so wasmtime compiles once (tests/src/lib.rs, datum_bin).
+    cargo build --workspace --bins --tests
     # One package per build, as the tests build them (so features resolve
     # the same way and the tests' builds are no-ops).
     for dir in examples-wasm/*/ tests/guests/*/; do

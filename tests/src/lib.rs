@@ -49,6 +49,10 @@ pub fn target_dir() -> std::path::PathBuf {
 
 /// Runs `cargo build --quiet ARGS` in the workspace once per process for
 /// each distinct `args` (a no-op when up to date).
+/// What `just test` builds before the tests run: every binary and test of
+/// the workspace, with one feature resolution.
+pub const BUILD_FOR_TESTS: [&str; 3] = ["--workspace", "--bins", "--tests"];
+
 fn cargo_build_once(args: &[&str], what: &str) {
     use std::sync::Mutex;
     static BUILT: Mutex<Vec<Vec<String>>> = Mutex::new(Vec::new());
@@ -89,7 +93,12 @@ pub fn example_wasm(name: &str) -> Vec<u8> {
 
 /// The `datum` binary, built first (debug profile, like the tests), so that
 /// tests run the command line a user runs.
+///
+/// Built with the arguments `just test` builds with before running the
+/// tests: the same features resolve as for the test binaries, so this is a
+/// no-op there. (`-p datum --bin datum` resolves its dependencies' features
+/// differently and would compile wasmtime a second time.)
 pub fn datum_bin() -> std::path::PathBuf {
-    cargo_build_once(&["-p", "datum", "--bin", "datum"], "the datum binary");
+    cargo_build_once(&BUILD_FOR_TESTS, "the datum binary");
     target_dir().join("debug/datum")
 }
