@@ -1,4 +1,4 @@
-//! The event model shared by the host and the guests (`DESIGN.md` §3), and
+//! The event model shared by the host and the guests (`docs/abi.md`), and
 //! its MessagePack form (`docs/abi.md`).
 //!
 //! Owns the Rust shape of a value, a change, a batch and the result envelope,

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use datum::batch::{Batch, Change, Column, Relation, ReplicaIdentity};
+use datum::event::{Batch, Change, Column, Relation, ReplicaIdentity};
 use datum::transform::encode::{ChangeRef, encode_input};
 use datum::transform::engine::EngineOptions;
 use datum::transform::{Chain, Engine, Limits, Module};

@@ -31,12 +31,12 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
-use crate::feedback::Feedback;
-use crate::source::Lsn;
+use crate::event::Lsn;
+pub use crate::event::Offset;
 
 /// The format this build writes and the newest it reads.
 pub const FORMAT_VERSION: u64 = 1;
@@ -109,23 +109,6 @@ pub enum CheckpointError {
         /// What failed.
         detail: String,
     },
-}
-
-/// Where a pipeline resumes: the last transaction whose changes every module
-/// and the sink accepted, or a position with nothing to deliver before it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Offset {
-    /// Resume after this LSN: the transaction's end LSN.
-    pub end_lsn: Lsn,
-    /// The transaction's commit LSN (equal to `end_lsn` when the position was
-    /// reached by an idle keepalive or a logical message).
-    pub commit_lsn: Lsn,
-    /// The transaction id (0 when there was no transaction).
-    pub xid: u32,
-    /// Its commit time, µs since the Unix epoch (0 when none).
-    pub commit_time: i64,
-    /// When the offset was written, µs since the Unix epoch.
-    pub written_at: i64,
 }
 
 /// The state file.
@@ -643,7 +626,7 @@ impl Store {
         fixtures: u64,
         keep: usize,
     ) -> Result<ModuleVersion, CheckpointError> {
-        let sha256 = crate::transform::module::sha256_hex(wasm);
+        let sha256 = crate::digest::sha256_hex(wasm);
         let note = serde_json::to_string(&VersionNote {
             config: config.to_owned(),
             origin: origin.to_owned(),
@@ -854,91 +837,6 @@ fn open_error(path: &Path, err: redb::DatabaseError) -> CheckpointError {
     }
 }
 
-/// How checkpoints are committed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CommitPolicy {
-    /// How long to wait after an acknowledgement for more before committing:
-    /// the added latency that buys one fsync for many transactions. Zero
-    /// commits at once (transactions acknowledged during a commit still
-    /// share the next one).
-    pub group_delay: Duration,
-}
-
-impl Default for CommitPolicy {
-    fn default() -> Self {
-        CommitPolicy {
-            group_delay: Duration::from_millis(5),
-        }
-    }
-}
-
-/// Commits `pipeline`'s acknowledged watermark until `shutdown`, then commits
-/// what is left. Only after a commit returns does the feedback coordinator
-/// learn the position as flushed, and PostgreSQL with it.
-///
-/// A failing commit is retried with back-off (the position simply does not
-/// advance meanwhile); the error is logged and handed to `failed` each time.
-/// On shutdown the loop keeps trying to commit what is left: the caller
-/// bounds how long it waits for that.
-pub async fn commit_loop(
-    store: Arc<Store>,
-    pipeline: String,
-    feedback: Arc<Feedback>,
-    policy: CommitPolicy,
-    failed: impl Fn(&CheckpointError),
-    shutdown: impl std::future::Future<Output = ()>,
-) {
-    let mut shutdown = std::pin::pin!(shutdown);
-    let mut targets = feedback.target();
-    // Whatever was acknowledged before this loop subscribed counts too.
-    targets.mark_changed();
-    let mut retry = Duration::from_millis(100);
-    loop {
-        let stopping = tokio::select! {
-            biased;
-            _ = shutdown.as_mut() => true,
-            changed = targets.changed() => changed.is_err(),
-        };
-        // Wait for more acknowledgements to share the commit, but not past
-        // a shutdown: the final commit happens at once.
-        let stopping = stopping
-            || (!policy.group_delay.is_zero()
-                && tokio::select! {
-                    biased;
-                    _ = shutdown.as_mut() => true,
-                    _ = tokio::time::sleep(policy.group_delay) => false,
-                });
-        loop {
-            let target = *targets.borrow_and_update();
-            if target.end_lsn <= feedback.flushed() {
-                break;
-            }
-            let (store, name) = (store.clone(), pipeline.clone());
-            let result =
-                tokio::task::spawn_blocking(move || store.commit_offset(&name, target)).await;
-            match result {
-                Ok(Ok(())) => {
-                    feedback.persisted(target.end_lsn);
-                    retry = Duration::from_millis(100);
-                    break;
-                }
-                Ok(Err(err)) => {
-                    tracing::error!(pipeline = %pipeline, error = %err, retry_in = ?retry, "checkpoint commit failed; retrying");
-                    failed(&err);
-                }
-                Err(err) => {
-                    tracing::error!(pipeline = %pipeline, error = %err, "checkpoint task failed; retrying");
-                }
-            }
-            tokio::time::sleep(retry).await;
-            retry = (retry * 2).min(Duration::from_secs(5));
-        }
-        if stopping {
-            return;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1117,9 +1015,9 @@ mod tests {
                 }
             }
             std::fs::write(&path, &bytes).expect("write");
-            let digest = crate::transform::module::sha256_hex(&bytes);
+            let digest = crate::digest::sha256_hex(&bytes);
             let opened = Store::open(&path);
-            let after = crate::transform::module::sha256_hex(&std::fs::read(&path).expect("read"));
+            let after = crate::digest::sha256_hex(&std::fs::read(&path).expect("read"));
             assert_eq!(
                 after,
                 digest,
@@ -1139,57 +1037,6 @@ mod tests {
             assert!(text.contains("will not recreate"), "{text}");
             assert_eq!(std::fs::read(&path).expect("read"), &good[..len]);
         }
-        std::fs::remove_dir_all(dir).ok();
-    }
-
-    #[tokio::test]
-    async fn group_commit_shares_one_commit_among_many_acknowledgements() {
-        use datum_guest::Txn;
-        let dir = tempdir();
-        let store = Arc::new(Store::open(dir.join("state.redb")).expect("create"));
-        let feedback = Feedback::new(Offset::default());
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let policy = CommitPolicy {
-            group_delay: Duration::from_millis(200),
-        };
-        let committer = tokio::spawn(commit_loop(
-            store.clone(),
-            "p".into(),
-            feedback.clone(),
-            policy,
-            |_| {},
-            async move {
-                let _ = stopped.await;
-            },
-        ));
-        let mut flushed = feedback.flushed_watch();
-        for i in 1..=100u64 {
-            let txn = Txn {
-                xid: i as u32,
-                commit_lsn: i * 10,
-                end_lsn: i * 10 + 1,
-                commit_time: 0,
-                chunk: 0,
-                last: true,
-            };
-            feedback.register(&txn).expect("in order");
-            feedback.ack(&txn);
-        }
-        flushed
-            .wait_for(|lsn| *lsn == Lsn(1001))
-            .await
-            .expect("flushed");
-        assert_eq!(
-            store.commits(),
-            1,
-            "100 acknowledgements within the window, one commit"
-        );
-        assert_eq!(
-            store.offset("p").expect("read").map(|o| o.end_lsn),
-            Some(Lsn(1001))
-        );
-        let _ = stop.send(());
-        committer.await.expect("committer");
         std::fs::remove_dir_all(dir).ok();
     }
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde::de::{self, Deserializer};
 
-use crate::source::BatchLimits;
+use crate::event::BatchLimits;
 use crate::transform::Limits;
 
 /// Why the configuration cannot be used.
@@ -176,9 +176,13 @@ fn default_drain_timeout() -> Span {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GroupCommit(pub Duration);
 
+/// How long a checkpoint waits for more acknowledgements to share its
+/// commit, unless `group_commit` says otherwise.
+pub const DEFAULT_GROUP_COMMIT: Duration = Duration::from_millis(5);
+
 impl Default for GroupCommit {
     fn default() -> Self {
-        GroupCommit(crate::checkpoint::CommitPolicy::default().group_delay)
+        GroupCommit(DEFAULT_GROUP_COMMIT)
     }
 }
 
@@ -320,7 +324,7 @@ impl BatchSpec {
     }
 }
 
-/// What a module failure does (`DESIGN.md` §2.6).
+/// What a module failure does (`docs/architecture.md`, rule 6).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OnError {

@@ -1,9 +1,9 @@
 //! Support for Datum's integration tests: connecting to throwaway clusters.
 //!
-//! The cluster harness itself lives in [`datum::throwaway`] because `datum
+//! The cluster harness itself is the `pg-throwaway` crate, because `datum
 //! demo` and the benchmarks use it too; this crate adds what only tests need.
 
-pub use datum::throwaway::{Cluster, PasswordAuth};
+pub use pg_throwaway::{Cluster, PasswordAuth};
 
 /// Connects with tokio-postgres and drives the connection on a task.
 /// Panics with the server's message if the connection fails: tests want the

@@ -4,11 +4,12 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
-use datum::batch::{Batch, Change};
-use datum::checkpoint::Offset;
-use datum::feedback::Feedback;
+use datum::daemon::Feedback;
+use datum::event::Lsn;
+use datum::event::Offset;
+use datum::event::{Batch, Change};
 use datum::source::stream::SourceStats;
-use datum::source::{Lsn, SourceConfig, SourceError};
+use datum::source::{SourceConfig, SourceError};
 use datum_guest::Value;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -19,7 +20,7 @@ use crate::Cluster;
 #[allow(missing_debug_implementations)]
 pub struct Running {
     /// Batches as the source emits them.
-    pub rx: datum::budget::Receiver<Batch>,
+    pub rx: datum::Receiver<Batch>,
     /// The feedback coordinator the source registers batches with.
     pub feedback: Arc<Feedback>,
     /// The source's counters.
@@ -56,7 +57,7 @@ impl Running {
 
     /// Starts streaming without preparing.
     pub fn start_prepared(config: SourceConfig, resume_after: Lsn, capacity: usize) -> Running {
-        let (tx, rx) = datum::budget::channel(capacity, usize::MAX);
+        let (tx, rx) = datum::channel(capacity, usize::MAX);
         let feedback = Feedback::new(Offset {
             end_lsn: resume_after,
             ..Offset::default()

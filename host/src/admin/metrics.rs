@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
 use crate::checkpoint::Store;
-use crate::pipeline::TRANSFORM_BUCKETS;
-use crate::run::{PipelineControl, PipelineState};
+use crate::daemon::pipeline::TRANSFORM_BUCKETS;
+use crate::daemon::{PipelineControl, PipelineState};
 
 /// A label value, escaped as the format wants.
 fn label(value: &str) -> String {

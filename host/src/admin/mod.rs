@@ -6,8 +6,8 @@
 //! constant time, never logged), body limits and a timeout on every
 //! request, refusals answered from the headers alone, and one error shape
 //! for every failure — axum's own rejections included. What a request does
-//! belongs elsewhere: [`crate::run::PipelineControl`] pauses and resumes,
-//! [`crate::hotswap`] swaps, the state file stores.
+//! belongs elsewhere: [`crate::daemon::PipelineControl`] pauses and resumes,
+//! [`crate::daemon::hotswap`] swaps, the state file stores.
 
 pub mod metrics;
 pub mod openapi;
@@ -29,9 +29,9 @@ use tokio::sync::watch;
 
 use crate::checkpoint::Store;
 use crate::config::AdminSpec;
-use crate::hotswap::{self, SwapError};
-use crate::run::{PipelineControl, PipelineState};
-use crate::source::Lsn;
+use crate::daemon::hotswap::{self, SwapError};
+use crate::daemon::{PipelineControl, PipelineState};
+use crate::event::Lsn;
 use crate::transform::{Chain, Engine};
 
 /// Bodies of requests other than uploads.
@@ -1184,7 +1184,8 @@ fn letter_json(letter: &crate::checkpoint::DeadLetter, with_batch: bool) -> Json
         "changes": batch.as_ref().map(|b| b.changes.len()),
     });
     if with_batch && let Some(batch) = &batch {
-        value["batch"] = serde_json::to_value(crate::json::BatchJson(batch)).unwrap_or_default();
+        value["batch"] =
+            serde_json::to_value(crate::event::json::BatchJson(batch)).unwrap_or_default();
     }
     value
 }
@@ -1270,7 +1271,7 @@ async fn replay_dead_letter(
     let (done, answer) = tokio::sync::oneshot::channel();
     handles
         .replay
-        .send(crate::pipeline::Replay {
+        .send(crate::daemon::pipeline::Replay {
             batch: transformed,
             done,
         })

@@ -34,7 +34,8 @@ use reqwest::{StatusCode, Url};
 use serde::ser::{SerializeMap, Serializer};
 
 use super::{Sink, SinkError};
-use crate::json::{SinkChangeJson, TxnJson};
+use crate::event::json::TxnJson;
+use crate::sink::json::SinkChangeJson;
 use crate::transform::Transformed;
 
 /// The header that names the batch.
@@ -320,8 +321,8 @@ mod tests {
             .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
             .collect();
         let err = HttpSink::new(url, headers, timeout).expect_err(url);
-        assert!(!err.transient, "{err}");
-        err.message
+        assert!(!err.is_transient(), "{err}");
+        err.to_string()
     }
 
     #[test]

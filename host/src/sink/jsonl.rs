@@ -7,7 +7,8 @@
 
 use datum_guest::Txn;
 
-use crate::json::{SinkChangeJson, TxnJson};
+use crate::event::json::TxnJson;
+use crate::sink::json::SinkChangeJson;
 use crate::transform::Transformed;
 
 /// Appends the batch's lines to `out`.
@@ -48,7 +49,7 @@ mod tests {
         let mut change = datum_guest::Change::new(datum_guest::Op::Insert, "public", "t");
         change.new = Some(Default::default());
         let batch = Transformed {
-            source: crate::batch::Batch {
+            source: crate::event::Batch {
                 txn,
                 changes: Vec::new(),
                 bytes: 0,

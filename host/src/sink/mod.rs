@@ -7,56 +7,66 @@
 
 pub mod file;
 pub mod http;
+pub mod json;
 pub mod jsonl;
 pub mod postgres;
 pub mod pretty;
 pub mod stdout;
 
 use std::future::Future;
+use std::path::Path;
 
+use crate::config::{SinkSpec, StdoutFormat};
 use crate::transform::Transformed;
 
-/// A sink's failure.
+use file::FileSink;
+use http::HttpSink;
+use postgres::PostgresSink;
+use stdout::StdoutSink;
+
+/// A sink's failure, by what retrying can do about it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{message}")]
-pub struct SinkError {
-    /// What went wrong.
-    pub message: String,
-    /// Whether trying again may succeed (the destination is down, a
-    /// timeout) rather than never (a refused request).
-    pub transient: bool,
-    /// Whether the destination went away for good, on purpose (the reader
-    /// of standard output closed it): the pipeline then stops as on a
+pub enum SinkError {
+    /// The destination cannot take the batch now — down, unreachable,
+    /// timed out, overloaded, a failing disk: trying again may succeed.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The destination refused the batch (a rejected request, a
+    /// constraint, a value it cannot store): the same batch fails the same
+    /// way however often it is tried.
+    #[error("{0}")]
+    Refused(String),
+    /// The destination went away for good, on purpose (the reader of
+    /// standard output closed it): the pipeline then stops as on a
     /// shutdown, acknowledging nothing, rather than failing.
-    pub gone: bool,
+    #[error("{0}")]
+    Gone(String),
 }
 
 impl SinkError {
-    /// A failure worth retrying.
+    /// A failure worth retrying ([`SinkError::Unavailable`]).
     pub fn transient(message: impl Into<String>) -> SinkError {
-        SinkError {
-            message: message.into(),
-            transient: true,
-            gone: false,
-        }
+        SinkError::Unavailable(message.into())
     }
 
-    /// A failure that retrying will not fix.
+    /// A failure that retrying will not fix ([`SinkError::Refused`]).
     pub fn definite(message: impl Into<String>) -> SinkError {
-        SinkError {
-            message: message.into(),
-            transient: false,
-            gone: false,
-        }
+        SinkError::Refused(message.into())
     }
 
-    /// The destination's reader went away (a closed pipe).
+    /// The destination's reader went away ([`SinkError::Gone`]).
     pub fn gone(message: impl Into<String>) -> SinkError {
-        SinkError {
-            message: message.into(),
-            transient: false,
-            gone: true,
-        }
+        SinkError::Gone(message.into())
+    }
+
+    /// Whether trying again may succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, SinkError::Unavailable(_))
+    }
+
+    /// Whether the destination went away on purpose.
+    pub fn is_gone(&self) -> bool {
+        matches!(self, SinkError::Gone(_))
     }
 }
 
@@ -108,4 +118,100 @@ impl<S: Sink> Sink for &mut S {
     fn bytes_written(&self) -> u64 {
         (**self).bytes_written()
     }
+}
+
+/// Every sink the configuration can name.
+#[derive(Debug)]
+pub enum AnySink {
+    /// `stdout`.
+    Stdout(StdoutSink),
+    /// `file`.
+    File(FileSink),
+    /// `http`.
+    Http(Box<HttpSink>),
+    /// `postgres`.
+    Postgres(Box<PostgresSink>),
+}
+
+impl Sink for AnySink {
+    async fn write(&mut self, batch: &Transformed) -> Result<(), SinkError> {
+        match self {
+            AnySink::Stdout(sink) => sink.write(batch).await,
+            AnySink::File(sink) => sink.write(batch).await,
+            AnySink::Http(sink) => sink.write(batch).await,
+            AnySink::Postgres(sink) => sink.write(batch).await,
+        }
+    }
+
+    async fn write_group(&mut self, batches: &[Transformed]) -> Result<(), SinkError> {
+        match self {
+            AnySink::Stdout(sink) => sink.write_group(batches).await,
+            AnySink::File(sink) => sink.write_group(batches).await,
+            AnySink::Http(sink) => sink.write_group(batches).await,
+            AnySink::Postgres(sink) => sink.write_group(batches).await,
+        }
+    }
+
+    fn bytes_written(&self) -> u64 {
+        match self {
+            AnySink::Stdout(sink) => sink.bytes_written(),
+            AnySink::File(sink) => sink.bytes_written(),
+            AnySink::Http(sink) => sink.bytes_written(),
+            AnySink::Postgres(sink) => sink.bytes_written(),
+        }
+    }
+}
+
+/// Opens the sink `spec` names for pipeline `pipeline` (a `postgres` sink
+/// connects to its target). The error says what is wrong with it.
+pub async fn open(spec: &SinkSpec, pipeline: &str) -> Result<AnySink, String> {
+    let name = pipeline;
+    Ok(match spec {
+        SinkSpec::Stdout {
+            format: StdoutFormat::Json,
+            ..
+        } => AnySink::Stdout(StdoutSink::new()),
+        SinkSpec::Stdout {
+            format: StdoutFormat::Pretty,
+            color,
+        } => AnySink::Stdout(StdoutSink::pretty(*color)),
+        SinkSpec::File { path, rotate_at } => AnySink::File(
+            FileSink::open(Path::new(&path.0), rotate_at.map(|s| s.0 as u64))
+                .map_err(|e| e.to_string())?,
+        ),
+        SinkSpec::Http {
+            url,
+            headers,
+            timeout,
+            ..
+        } => AnySink::Http(
+            HttpSink::new(
+                &url.0,
+                headers
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.0.clone()))
+                    .collect(),
+                timeout.0,
+            )
+            .and_then(|sink| sink.with_key_prefix(name))
+            .map(Box::new)
+            .map_err(|e| e.to_string())?,
+        ),
+        SinkSpec::Postgres {
+            url,
+            schema,
+            tables,
+        } => AnySink::Postgres(Box::new(
+            PostgresSink::connect(
+                &url.0,
+                schema.as_ref().map(|s| s.0.clone()),
+                tables
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.0.clone()))
+                    .collect(),
+            )
+            .await
+            .map_err(|e| e.to_string())?,
+        )),
+    })
 }

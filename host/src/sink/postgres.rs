@@ -34,10 +34,9 @@ use tokio_postgres::types::{Format, IsNull, ToSql, Type, to_sql_checked};
 use tokio_postgres::{Client, Statement, Transaction};
 
 use super::{Sink, SinkError};
-use crate::json::JsonValue;
-use crate::source::ConnInfo;
-use crate::source::catalog;
-use crate::source::replication::quote_ident;
+use crate::event::json::JsonValue;
+use crate::pg::ConnInfo;
+use crate::pg::quote_ident;
 use crate::transform::Transformed;
 use crate::transform::encode::ChangeRef;
 
@@ -93,7 +92,7 @@ impl PostgresSink {
     async fn reconnect(&mut self) -> Result<(), SinkError> {
         self.client = None;
         self.statements.clear();
-        let client = catalog::connect(&self.info).await.map_err(|e| {
+        let client = crate::pg::connect(&self.info).await.map_err(|e| {
             let message = format!(
                 "connecting to the target database {}: {e}; check that the server is up and \
                  that the sink's url (host, port, user, password, database) is right",
@@ -132,7 +131,7 @@ impl PostgresSink {
 impl Sink for PostgresSink {
     async fn write(&mut self, batch: &Transformed) -> Result<(), SinkError> {
         let applies = batch.changes().any(|c| match c {
-            ChangeRef::Source(change) => !matches!(change, crate::batch::Change::Message { .. }),
+            ChangeRef::Source(change) => !matches!(change, crate::event::Change::Message { .. }),
             ChangeRef::Wire(change) => change.op != Op::Message,
         });
         if !applies {

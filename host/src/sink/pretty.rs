@@ -21,8 +21,9 @@ use std::fmt::Write;
 
 use datum_guest::wire::{Change as WireChange, Op, Row};
 
-use crate::json::{JsonValue, format_timestamp};
-use crate::source::Lsn;
+use crate::event::Lsn;
+use crate::event::json::JsonValue;
+use crate::event::text::format_timestamp;
 use crate::transform::Transformed;
 use crate::transform::encode::Item;
 
@@ -264,8 +265,8 @@ mod tests {
     use datum_guest::{Txn, Value};
 
     use super::*;
-    use crate::batch::{Batch, Change, Column, OldRow, Relation, ReplicaIdentity};
-    use crate::source::TypeKind;
+    use crate::event::TypeKind;
+    use crate::event::{Batch, Change, Column, OldRow, Relation, ReplicaIdentity};
 
     fn relation(schema: &str, columns: &[(&str, &str)]) -> Arc<Relation> {
         Arc::new(Relation {

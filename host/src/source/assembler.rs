@@ -2,7 +2,7 @@
 //! ordered chunks of one when a transaction exceeds the batch limits.
 //!
 //! Owns the relation cache (Relation messages arrive lazily, before the first
-//! change after DDL, and replace what came before: PITFALLS 9), the typing of
+//! change after DDL, and replace what came before: `docs/architecture.md`, pitfall 9), the typing of
 //! values, unchanged-TOAST handling, chunking, and skipping what was already
 //! delivered: whole transactions at or below the resume point, and the
 //! leading changes of a transaction that was cut off mid-way by a lost
@@ -15,7 +15,7 @@
 //! * no chunk holds more than `max_rows` changes, and a chunk is closed as
 //!   soon as it reaches `max_bytes`;
 //! * a transaction whose end LSN is at or below the resume point is never
-//!   emitted (PITFALLS 1: PostgreSQL re-sends from the commit LSN).
+//!   emitted (`docs/architecture.md`, pitfall 1: PostgreSQL re-sends from the commit LSN).
 //!
 //! It does no I/O: the stream asks [`Assembler::missing_types`] before handing
 //! over a Relation message and resolves those types from the catalog.
@@ -26,29 +26,11 @@ use std::sync::Arc;
 use datum_guest::{Txn, Value};
 
 use super::SourceError;
-use super::lsn::Lsn;
 use super::pgoutput::{self, Datum, Message, OldTuple, Tuple};
 use super::replication::PG_EPOCH_OFFSET_MICROS;
-use super::values::{self, TypeKind};
-use crate::batch::{Batch, Change, Column, OldRow, Relation, ReplicaIdentity};
-
-/// When a transaction is cut into chunks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BatchLimits {
-    /// Most changes in one batch.
-    pub max_rows: usize,
-    /// A batch is closed once its data reaches this many bytes.
-    pub max_bytes: usize,
-}
-
-impl Default for BatchLimits {
-    fn default() -> Self {
-        BatchLimits {
-            max_rows: 10_000,
-            max_bytes: 8 * 1024 * 1024,
-        }
-    }
-}
+use crate::event::values::{self, TypeKind};
+use crate::event::{Batch, Change, Column, OldRow, Relation, ReplicaIdentity};
+use crate::event::{BatchLimits, Lsn};
 
 /// A type the catalog told us about.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -302,7 +284,7 @@ impl Assembler {
                         let (old, old_bytes) = old_row(&relation, &old)?;
                         bytes += old_bytes;
                         if !old.key_only {
-                            // PITFALLS 7: an unchanged TOAST value is taken
+                            // `docs/architecture.md`, pitfall 7: an unchanged TOAST value is taken
                             // from the full old row when there is one.
                             for (value, previous) in new.iter_mut().zip(&old.values) {
                                 if *value == Value::Unchanged {

@@ -1,6 +1,6 @@
 //! Questions for the source database's catalog, asked over an ordinary
 //! tokio-postgres connection (never the replication connection: some managed
-//! services refuse `SHOW` there, PITFALLS 3).
+//! services refuse `SHOW` there, `docs/architecture.md`, pitfall 3).
 //!
 //! Owns opening that connection with the same TLS settings as the replication
 //! connection, resolving non-built-in column types (enums, domains, arrays of
@@ -13,88 +13,12 @@ use tokio_postgres::Client;
 
 use super::SourceError;
 use super::assembler::ResolvedType;
-use super::conninfo::ConnInfo;
-use super::lsn::Lsn;
-use super::tls;
-use super::values::TypeKind;
+use crate::event::{Lsn, TypeKind};
+use crate::pg::{self, ConnInfo};
 
-/// Opens an ordinary SQL connection and drives it on a task.
+/// Opens an ordinary SQL connection to the source database.
 pub async fn connect(info: &ConnInfo) -> Result<Client, SourceError> {
-    let config = info.tokio_postgres_config();
-    let client = match tls::connector(info)? {
-        None => {
-            let (client, connection) = config
-                .connect(tokio_postgres::NoTls)
-                .await
-                .map_err(|e| sql_connect_error(info, e))?;
-            tokio::spawn(async move {
-                if let Err(err) = connection.await {
-                    tracing::debug!(error = %err, "catalog connection ended");
-                }
-            });
-            client
-        }
-        Some(tls) => {
-            let (client, connection) = config
-                .connect(tls)
-                .await
-                .map_err(|e| sql_connect_error(info, e))?;
-            tokio::spawn(async move {
-                if let Err(err) = connection.await {
-                    tracing::debug!(error = %err, "catalog connection ended");
-                }
-            });
-            client
-        }
-    };
-    Ok(client)
-}
-
-fn sql_connect_error(info: &ConnInfo, err: tokio_postgres::Error) -> SourceError {
-    if let Some(db) = err.as_db_error()
-        && db.code().code().starts_with("28")
-    {
-        return SourceError::Auth {
-            user: info.user.clone(),
-            reason: db.message().to_owned(),
-        };
-    }
-    // A refused certificate comes back wrapped by tokio-postgres; it is as
-    // definite as on the replication connection.
-    // A server's refusal is as transient as its SQLSTATE says: a server
-    // starting up or shutting down (57P03, 57P01) comes back, a missing
-    // database (3D000) does not.
-    let mut transient = err
-        .as_db_error()
-        .is_none_or(|db| super::transient_sqlstate(db.code().code()));
-    let mut source = std::error::Error::source(&err);
-    while let Some(cause) = source {
-        if let Some(tls) = cause.downcast_ref::<tls::TlsError>() {
-            transient = tls.is_transient();
-        }
-        source = cause.source();
-    }
-    // tokio-postgres errors name the failing step, never the password.
-    SourceError::Connect {
-        target: info.redacted(),
-        reason: error_chain(&err),
-        transient,
-    }
-}
-
-/// An error with its causes, `a: b: c`.
-pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
+    Ok(pg::connect(info).await?)
 }
 
 /// Resolves type OIDs that are not built in: enums become text, domains their

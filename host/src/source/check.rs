@@ -142,6 +142,20 @@ pub async fn check_source(conninfo: &str, target: &Target) -> anyhow::Result<Rep
 
 /// Runs every check. Errors only when the catalog cannot be read at all.
 pub async fn run(client: &Client, target: &Target) -> Result<Report, SourceError> {
+    let state = match &target.slot {
+        Some(slot) => catalog::slot_state(client, slot).await?,
+        None => None,
+    };
+    run_with_slot(client, target, state.as_ref()).await
+}
+
+/// [`run`], with the slot's state already read (`None`: it does not exist,
+/// or will be created).
+pub(crate) async fn run_with_slot(
+    client: &Client,
+    target: &Target,
+    slot_state: Option<&SlotState>,
+) -> Result<Report, SourceError> {
     let mut report = Report::default();
 
     let version: i32 = catalog::show(client, "server_version_num")
@@ -224,8 +238,7 @@ pub async fn run(client: &Client, target: &Target) -> Result<Report, SourceError
             .await
             .map_err(SourceError::Sql)?
             .get(0);
-        let state = catalog::slot_state(client, slot).await?;
-        check_slot(slot, &database, state.as_ref(), &mut report);
+        check_slot(slot, &database, slot_state, &mut report);
     }
     Ok(report)
 }

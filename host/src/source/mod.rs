@@ -2,15 +2,17 @@
 //! (pgoutput, protocol version 1) natively and hands out batches.
 //!
 //! Owns everything between the server and the first channel of the pipeline:
-//! the connection ([`replication`], [`conninfo`], [`tls`]), the requirement
-//! checks ([`check`]), preparing the publication and slot ([`prepare`]),
-//! decoding ([`pgoutput`], [`values`]), assembling batches ([`assembler`]) and
-//! the streaming loop with keepalives and reconnection ([`stream`]).
+//! the replication connection ([`replication`]), the requirement checks
+//! ([`check`]), preparing the publication and slot ([`prepare`]), decoding
+//! ([`pgoutput`]; values become typed in [`crate::event::values`]),
+//! assembling batches ([`assembler`]) and the streaming loop with keepalives
+//! and reconnection ([`stream`]). Connection strings and TLS are
+//! [`crate::pg`]'s.
 //!
-//! It does not own durability: it reports as flushed only what the feedback
-//! coordinator says is checkpointed, and nothing before that exists.
+//! It does not own durability: it reports as flushed only what its
+//! [`Positions`] (the daemon's feedback coordinator) says is checkpointed.
 //!
-//! LSN rules it keeps (DESIGN.md §2, PITFALLS 1, 3, 4):
+//! LSN rules it keeps (`docs/architecture.md`, "The delivery contract"):
 //! * a batch's position is its transaction's *end* LSN, never the commit LSN;
 //! * `flush` in a status update never exceeds what the caller published as
 //!   checkpointed;
@@ -22,23 +24,66 @@
 pub mod assembler;
 pub mod catalog;
 pub mod check;
-pub mod conninfo;
-pub mod lsn;
 pub mod pgoutput;
 pub mod replication;
 pub mod stream;
-pub mod tls;
-pub mod values;
 
 use std::time::Duration;
 
-pub use assembler::BatchLimits;
-pub use conninfo::ConnInfo;
-pub use lsn::Lsn;
+use datum_guest::Txn;
 pub use replication::ServerError;
-pub use values::TypeKind;
 
 use tokio_postgres::Client;
+
+use crate::event::{BatchLimits, Lsn};
+use crate::pg::{self, ConnInfo, TlsError, transient_sqlstate};
+
+/// What the source needs of whoever tracks positions downstream (the
+/// daemon's feedback coordinator): the source registers each batch before
+/// sending it, reports an idle WAL end, and tells the server as flushed only
+/// what [`Positions::flushed`] says is checkpointed.
+pub trait Positions: Send + Sync {
+    /// A batch of `txn` is about to go downstream; refused when it breaks
+    /// commit order.
+    fn register(&self, txn: &Txn) -> Result<(), OrderError>;
+    /// Nothing is open or pending at `wal_end` (a keepalive's position): a
+    /// quiet slot may move there.
+    fn idle(&self, wal_end: Lsn);
+    /// The position durably checkpointed: the only one reported as flushed.
+    fn flushed(&self) -> Lsn;
+}
+
+/// A batch registered out of commit order: an invariant of the stream was
+/// broken (by the server or by the source), so the pipeline stops rather
+/// than checkpoint past a transaction it has not delivered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OrderError {
+    /// A transaction whose commit LSN is before the previous one's.
+    #[error(
+        "transaction xid {xid} (commit {commit_lsn}) arrived after xid {previous_xid} \
+         (commit {previous_commit_lsn}): commit positions went backwards"
+    )]
+    Backwards {
+        /// The transaction registered.
+        xid: u32,
+        /// Its commit LSN.
+        commit_lsn: Lsn,
+        /// The transaction before it.
+        previous_xid: u32,
+        /// Its commit LSN.
+        previous_commit_lsn: Lsn,
+    },
+    /// A transaction first seen at a chunk other than its first.
+    #[error("transaction xid {xid} (commit {commit_lsn}) began at chunk {chunk}, not at chunk 0")]
+    MidTransaction {
+        /// The transaction.
+        xid: u32,
+        /// Its commit LSN.
+        commit_lsn: Lsn,
+        /// The chunk it began with.
+        chunk: u32,
+    },
+}
 
 /// What went wrong in the source. [`SourceError::is_transient`] tells a
 /// failure worth retrying (the network, a restarting server) from one that
@@ -67,7 +112,7 @@ pub enum SourceError {
     },
     /// TLS could not be set up as `sslmode` demands.
     #[error(transparent)]
-    Tls(#[from] tls::TlsError),
+    Tls(#[from] TlsError),
     /// The connection broke.
     #[error("connection lost: {0}")]
     Io(#[source] std::io::Error),
@@ -75,7 +120,7 @@ pub enum SourceError {
     #[error("server error: {0}")]
     Server(ServerError),
     /// An ordinary SQL query failed.
-    #[error("query failed: {}", catalog::error_chain(.0))]
+    #[error("query failed: {}", pg::error_chain(.0))]
     Sql(#[source] tokio_postgres::Error),
     /// The server broke the protocol, or sent what we cannot read.
     #[error("replication protocol: {0}")]
@@ -85,7 +130,7 @@ pub enum SourceError {
     Decode(#[from] pgoutput::DecodeError),
     /// The stream broke the commit order the delivery contract rests on.
     #[error("replication stream out of order: {0}")]
-    Order(#[from] crate::feedback::OrderError),
+    Order(#[from] OrderError),
     /// The source database lacks something the pipeline needs.
     #[error("{problem}; to fix: {fix}")]
     Requirement {
@@ -95,7 +140,7 @@ pub enum SourceError {
         fix: String,
     },
     /// PostgreSQL started the slot past the requested position, silently
-    /// skipping changes (PITFALLS 4).
+    /// skipping changes (`docs/architecture.md`, pitfall 4).
     #[error(
         "slot {slot} resumed at {confirmed}, past the requested {requested}: the changes \
          between were acknowledged to PostgreSQL by someone else and are gone for this \
@@ -134,16 +179,22 @@ impl SourceError {
     }
 }
 
-/// SQLSTATE classes that describe a passing condition.
-fn transient_sqlstate(code: &str) -> bool {
-    matches!(
-        &code[..code.len().min(2)],
-        "08" // connection exception
-        | "40" // transaction rollback
-        | "53" // insufficient resources
-        | "57" // operator intervention: shutdown, terminated backend
-        | "58" // system error
-    ) || code == "55006" // object in use: a slot still held by a dying walsender
+impl From<pg::ConnectError> for SourceError {
+    fn from(err: pg::ConnectError) -> SourceError {
+        match err {
+            pg::ConnectError::Refused {
+                target,
+                reason,
+                transient,
+            } => SourceError::Connect {
+                target,
+                reason,
+                transient,
+            },
+            pg::ConnectError::Auth { user, reason } => SourceError::Auth { user, reason },
+            pg::ConnectError::Tls(err) => SourceError::Tls(err),
+        }
+    }
 }
 
 /// How a pipeline reads its source.
@@ -216,11 +267,11 @@ pub struct Prepared {
 
 /// Checks the requirements and creates what is missing: the publication
 /// first, then the slot (a publication created after its slot may not be
-/// seen by it, PITFALLS 12). Refuses, saying what to change, when a
+/// seen by it, `docs/architecture.md`, pitfall 12). Refuses, saying what to change, when a
 /// requirement fails.
 ///
 /// `checkpoint` is where the pipeline resumes, if it ever checkpointed. A
-/// slot that is gone, invalidated (PITFALLS 5) or confirmed past the
+/// slot that is gone, invalidated (`docs/architecture.md`, pitfall 5) or confirmed past the
 /// checkpoint means changes were lost to the pipeline: an error, unless
 /// `recreate_slot` is set, in which case a new slot is created and
 /// [`Prepared::resync_needed`] says so.
@@ -235,24 +286,33 @@ pub async fn prepare(
     before_create: impl FnOnce() -> Result<(), SourceError>,
 ) -> Result<Prepared, SourceError> {
     let client = catalog::connect(&config.conninfo).await?;
-    let mut resync_needed = false;
-    if let Some(state) = catalog::slot_state(&client, &config.slot).await? {
-        let lost = state.wal_status.as_deref() == Some("lost");
-        // A checkpoint of 0/0 was recorded before the slot was created and
-        // never advanced: the slot's own position is where it starts.
-        let ahead = match (checkpoint, state.confirmed_flush) {
-            (Some(checkpoint), Some(confirmed)) if checkpoint != Lsn::ZERO => {
-                confirmed > checkpoint
+    // The slot is read once; everything after follows from what it said.
+    let found = catalog::slot_state(&client, &config.slot).await?;
+    let plan = plan_slot(config, checkpoint, found)?;
+    let target = check::Target {
+        publication: Some(config.publication.clone()),
+        slot: Some(config.slot.clone()),
+        tables: config.tables.clone(),
+    };
+    // A slot about to be recreated is checked as the new one it will be.
+    let checked = match &plan {
+        SlotPlan::Use(state) => Some(state),
+        SlotPlan::Create | SlotPlan::Recreate(_) => None,
+    };
+    let report = check::run_with_slot(&client, &target, checked)
+        .await?
+        .into_result()?;
+    let created_publication = ensure_publication(&client, config).await?;
+    let resync_needed = matches!(plan, SlotPlan::Recreate(_))
+        || (matches!(plan, SlotPlan::Create) && checkpoint.is_some_and(|c| c != Lsn::ZERO));
+    let (confirmed_flush, created_slot) = match plan {
+        SlotPlan::Use(state) => {
+            if state.active {
+                release_slot(&client, config, state.active_pid).await?;
             }
-            _ => false,
-        };
-        if (lost || ahead) && config.recreate_slot {
-            tracing::warn!(
-                slot = %config.slot,
-                lost,
-                ahead,
-                "dropping the slot to recreate it: the target needs a resync"
-            );
+            (state.confirmed_flush, false)
+        }
+        SlotPlan::Recreate(state) => {
             if state.active {
                 release_slot(&client, config, state.active_pid).await?;
             }
@@ -260,66 +320,112 @@ pub async fn prepare(
                 .query("SELECT pg_drop_replication_slot($1)", &[&config.slot])
                 .await
                 .map_err(SourceError::Sql)?;
-            resync_needed = true;
-        } else if ahead {
-            return Err(SourceError::FastForward {
-                slot: config.slot.clone(),
-                requested: checkpoint.unwrap_or_default(),
-                confirmed: state.confirmed_flush.unwrap_or_default(),
-            });
+            (
+                Some(create_slot(&client, config, before_create).await?),
+                true,
+            )
         }
-    } else if let Some(checkpoint) = checkpoint
-        && checkpoint != Lsn::ZERO
-    {
-        if !config.recreate_slot {
-            return Err(SourceError::Requirement {
-                problem: format!(
-                    "slot {} no longer exists, but the pipeline checkpointed at {checkpoint}:                      the changes since are lost to it",
-                    config.slot
-                ),
-                fix: "restore the slot, or set recreate_slot = true to create a new one and                       resynchronise the target"
-                    .into(),
-            });
-        }
-        tracing::warn!(slot = %config.slot, %checkpoint, "the slot is gone; recreating it: the target needs a resync");
-        resync_needed = true;
-    }
-    let target = check::Target {
-        publication: Some(config.publication.clone()),
-        slot: Some(config.slot.clone()),
-        tables: config.tables.clone(),
+        SlotPlan::Create => (
+            Some(create_slot(&client, config, before_create).await?),
+            true,
+        ),
     };
-    let report = check::run(&client, &target).await?.into_result()?;
-
-    let created_publication = ensure_publication(&client, config).await?;
-    let mut created_slot = false;
-    let state = match catalog::slot_state(&client, &config.slot).await? {
-        Some(state) => state,
-        None => {
-            before_create()?;
-            client
-                .query(
-                    "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
-                    &[&config.slot],
-                )
-                .await
-                .map_err(SourceError::Sql)?;
-            created_slot = true;
-            tracing::info!(slot = %config.slot, "created replication slot");
-            catalog::slot_state(&client, &config.slot)
-                .await?
-                .ok_or_else(|| SourceError::Protocol("the new slot vanished".into()))?
-        }
-    };
-    if state.active {
-        release_slot(&client, config, state.active_pid).await?;
-    }
     Ok(Prepared {
         report,
         created_publication,
         created_slot,
-        confirmed_flush: state.confirmed_flush,
+        confirmed_flush,
         resync_needed,
+    })
+}
+
+/// What to do with the slot, decided from one reading of it.
+#[derive(Debug)]
+enum SlotPlan {
+    /// Stream from it as it is.
+    Use(catalog::SlotState),
+    /// It does not exist: create it.
+    Create,
+    /// It lost changes the pipeline needs and `recreate_slot` allows a new
+    /// one: drop and create it (the target needs a resync).
+    Recreate(catalog::SlotState),
+}
+
+/// Decides what to do with the slot `found` (`None`: it does not exist),
+/// given the pipeline's checkpoint. A slot that is invalidated
+/// (`docs/architecture.md`, pitfall 5), confirmed past the checkpoint, or
+/// gone after the pipeline checkpointed means changes were lost to the
+/// pipeline: an error, unless `recreate_slot` is set.
+fn plan_slot(
+    config: &SourceConfig,
+    checkpoint: Option<Lsn>,
+    found: Option<catalog::SlotState>,
+) -> Result<SlotPlan, SourceError> {
+    // A checkpoint of 0/0 was recorded before the slot was created and
+    // never advanced: the slot's own position is where it starts.
+    let checkpoint = checkpoint.filter(|c| *c != Lsn::ZERO);
+    let Some(state) = found else {
+        return match checkpoint {
+            None => Ok(SlotPlan::Create),
+            Some(checkpoint) if config.recreate_slot => {
+                tracing::warn!(slot = %config.slot, %checkpoint, "the slot is gone; recreating it: the target needs a resync");
+                Ok(SlotPlan::Create)
+            }
+            Some(checkpoint) => Err(SourceError::Requirement {
+                problem: format!(
+                    "slot {} no longer exists, but the pipeline checkpointed at {checkpoint}: \
+                     the changes since are lost to it",
+                    config.slot
+                ),
+                fix: "restore the slot, or set recreate_slot = true to create a new one and \
+                      resynchronise the target"
+                    .into(),
+            }),
+        };
+    };
+    let lost = state.wal_status.as_deref() == Some("lost");
+    let ahead = match (checkpoint, state.confirmed_flush) {
+        (Some(checkpoint), Some(confirmed)) => confirmed > checkpoint,
+        _ => false,
+    };
+    if (lost || ahead) && config.recreate_slot {
+        tracing::warn!(
+            slot = %config.slot,
+            lost,
+            ahead,
+            "dropping the slot to recreate it: the target needs a resync"
+        );
+        return Ok(SlotPlan::Recreate(state));
+    }
+    if ahead {
+        return Err(SourceError::FastForward {
+            slot: config.slot.clone(),
+            requested: checkpoint.unwrap_or_default(),
+            confirmed: state.confirmed_flush.unwrap_or_default(),
+        });
+    }
+    Ok(SlotPlan::Use(state))
+}
+
+/// Creates the slot (after `before_create` recorded the intent); its
+/// confirmed position.
+async fn create_slot(
+    client: &Client,
+    config: &SourceConfig,
+    before_create: impl FnOnce() -> Result<(), SourceError>,
+) -> Result<Lsn, SourceError> {
+    before_create()?;
+    let row = client
+        .query_one(
+            "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
+            &[&config.slot],
+        )
+        .await
+        .map_err(SourceError::Sql)?;
+    tracing::info!(slot = %config.slot, "created replication slot");
+    let text: String = row.get(0);
+    text.parse().map_err(|_| {
+        SourceError::Protocol(format!("the new slot's position `{text}` is not an LSN"))
     })
 }
 
@@ -340,16 +446,12 @@ async fn ensure_publication(client: &Client, config: &SourceConfig) -> Result<bo
         .iter()
         .map(|t| {
             let (schema, table) = check::split_table(t);
-            format!(
-                "{}.{}",
-                replication::quote_ident(&schema),
-                replication::quote_ident(&table)
-            )
+            format!("{}.{}", pg::quote_ident(&schema), pg::quote_ident(&table))
         })
         .collect();
     let mut sql = format!(
         "CREATE PUBLICATION {} FOR TABLE {}",
-        replication::quote_ident(&config.publication),
+        pg::quote_ident(&config.publication),
         tables.join(", ")
     );
     if config.publish_via_partition_root {

@@ -23,9 +23,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 
 use super::SourceError;
-use super::conninfo::{ConnInfo, Host, SslMode};
-use super::lsn::Lsn;
-use super::tls;
+use crate::event::Lsn;
+use crate::pg::tls;
+use crate::pg::{ConnInfo, Host, SslMode};
 
 /// Microseconds between the Unix epoch and PostgreSQL's (2000-01-01).
 pub(crate) const PG_EPOCH_OFFSET_MICROS: i64 = 946_684_800_000_000;
@@ -440,7 +440,7 @@ impl Connection {
                 b'd' => return parse_copy_data(body.freeze()).map(Some),
                 // The server ends a stream with CopyDone, or, on a clean
                 // shutdown, with CommandComplete (`COPY 0`) and no CopyDone
-                // (PITFALLS 15); ReadyForQuery may follow either. Each is a
+                // (`docs/architecture.md`, pitfall 15); ReadyForQuery may follow either. Each is a
                 // reason to reconnect, never a protocol violation.
                 b'c' | b'C' | b'Z' => return Ok(Some(Frame::CopyDone)),
                 b'N' => log_notice(&body),
@@ -611,16 +611,6 @@ pub(crate) fn pg_now() -> i64 {
         .map(|d| d.as_micros() as i64)
         .unwrap_or(0);
     unix - PG_EPOCH_OFFSET_MICROS
-}
-
-/// `"name"` with embedded quotes doubled: an SQL identifier.
-pub fn quote_ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
-
-/// `'text'` with embedded quotes doubled (standard_conforming_strings is on).
-pub fn quote_literal(text: &str) -> String {
-    format!("'{}'", text.replace('\'', "''"))
 }
 
 #[cfg(test)]

@@ -3,10 +3,10 @@
 //! connection is lost.
 //!
 //! Owns the session lifecycle and its timing: status updates on a timer (a
-//! fraction of `wal_sender_timeout`, PITFALLS 3), also while waiting on a full
+//! fraction of `wal_sender_timeout`, `docs/architecture.md`, pitfall 3), also while waiting on a full
 //! downstream channel, immediate answers to reply requests, capped exponential
 //! back-off with jitter between attempts, and the fast-forward check after
-//! every start (PITFALLS 4). A definite error (see
+//! every start (`docs/architecture.md`, pitfall 4). A definite error (see
 //! [`SourceError::is_transient`]) ends the loop instead of retrying forever.
 //!
 //! Positions: every batch is registered with the feedback coordinator before
@@ -24,17 +24,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::budget;
+use crate::retry::Backoff;
 use tokio::time::{Interval, MissedTickBehavior};
 
 use super::assembler::Assembler;
 use super::catalog;
-use super::lsn::Lsn;
 use super::pgoutput::{self, Message};
-use super::replication::{Connection, Frame, quote_ident, quote_literal};
-use super::{SourceConfig, SourceError};
-use crate::batch::Batch;
-use crate::feedback::Feedback;
+use super::replication::{Connection, Frame};
+use super::{Positions, SourceConfig, SourceError};
+use crate::event::Batch;
+use crate::event::Lsn;
+use crate::pg::{quote_ident, quote_literal};
 
 /// Counters a running source keeps, for status pages and tests.
 #[derive(Debug, Default)]
@@ -77,7 +77,7 @@ type Shutdown<'a> = Pin<&'a mut (dyn Future<Output = ()> + Send)>;
 ///
 /// `resume_after` is the end LSN of the last transaction already processed
 /// (the checkpoint), or [`Lsn::ZERO`] to start from the slot's confirmed
-/// position. `feedback` learns of every batch sent and says what is
+/// position. `positions` learns of every batch sent and says what is
 /// checkpointed.
 ///
 /// After `shutdown`, `out` is dropped (the stages downstream end) and the
@@ -89,8 +89,8 @@ type Shutdown<'a> = Pin<&'a mut (dyn Future<Output = ()> + Send)>;
 pub async fn run(
     config: SourceConfig,
     resume_after: Lsn,
-    out: budget::Sender<Batch>,
-    feedback: Arc<Feedback>,
+    out: crate::channel::Sender<Batch>,
+    positions: Arc<dyn Positions>,
     stats: Arc<SourceStats>,
     shutdown: impl Future<Output = ()> + Send,
     settled: impl Future<Output = ()> + Send,
@@ -98,14 +98,14 @@ pub async fn run(
     let mut shutdown = std::pin::pin!(shutdown);
     let mut shutdown: Shutdown<'_> = shutdown.as_mut();
     let mut assembler = Assembler::new(config.limits, resume_after);
-    let mut delay = config.reconnect_initial;
+    let mut backoff = Backoff::new(config.reconnect_initial, config.reconnect_max);
     let mut requested = resume_after;
     loop {
         let mut session = Session {
             config: &config,
             assembler: &mut assembler,
             out: &out,
-            feedback: &feedback,
+            positions: &*positions,
             stats: &stats,
             received: requested,
             streaming: false,
@@ -120,7 +120,7 @@ pub async fn run(
                 // that the slot hears of the final checkpoint.
                 drop(out);
                 settled.await;
-                let flushed = feedback.flushed();
+                let flushed = positions.flushed();
                 stats.status_updates.fetch_add(1, Ordering::Relaxed);
                 let sent = conn
                     .send_status(received.max(flushed), flushed, flushed, false)
@@ -135,9 +135,9 @@ pub async fn run(
             Err(err) if err.is_transient() => {
                 stats.reconnects.fetch_add(1, Ordering::Relaxed);
                 if streamed {
-                    delay = config.reconnect_initial;
+                    backoff.reset();
                 }
-                let wait = jitter(delay);
+                let wait = backoff.next_wait();
                 tracing::warn!(
                     slot = %config.slot,
                     error = %err,
@@ -148,8 +148,7 @@ pub async fn run(
                     _ = shutdown.as_mut() => return Ok(()),
                     _ = tokio::time::sleep(wait) => {}
                 }
-                delay = (delay * 2).min(config.reconnect_max);
-                let checkpoint = feedback.flushed();
+                let checkpoint = positions.flushed();
                 requested = requested.max(checkpoint);
                 assembler.reconnected(checkpoint);
             }
@@ -158,21 +157,11 @@ pub async fn run(
     }
 }
 
-/// ±25 % so that many pipelines don't reconnect in lockstep.
-fn jitter(delay: Duration) -> Duration {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    let factor = 0.75 + f64::from(nanos % 1000) / 2000.0;
-    delay.mul_f64(factor)
-}
-
 struct Session<'a> {
     config: &'a SourceConfig,
     assembler: &'a mut Assembler,
-    out: &'a budget::Sender<Batch>,
-    feedback: &'a Feedback,
+    out: &'a crate::channel::Sender<Batch>,
+    positions: &'a dyn Positions,
     stats: &'a SourceStats,
     received: Lsn,
     streaming: bool,
@@ -209,7 +198,7 @@ impl Session<'_> {
         );
         conn.start_replication(&command).await?;
 
-        // PITFALLS 4: a start before confirmed_flush_lsn silently begins there.
+        // `docs/architecture.md`, pitfall 4: a start before confirmed_flush_lsn silently begins there.
         if requested != Lsn::ZERO
             && let Some(state) = catalog::slot_state(&client, &config.slot).await?
             && let Some(confirmed) = state.confirmed_flush
@@ -325,9 +314,9 @@ impl Session<'_> {
                     }
                     if !self.assembler.in_transaction() {
                         self.advance(wal_end);
-                        // DESIGN.md §2.4: nothing open, nothing
+                        // `docs/architecture.md`, rule 4: nothing open, nothing
                         // pending: an idle slot must not pin WAL.
-                        self.feedback.advance_idle(wal_end);
+                        self.positions.idle(wal_end);
                     }
                     if reply {
                         self.send_status(&mut conn, false).await?;
@@ -360,7 +349,7 @@ impl Session<'_> {
 
     async fn send_status(&mut self, conn: &mut Connection, reply: bool) -> Result<(), SourceError> {
         // Exactly what is checkpointed: never more.
-        let flushed = self.feedback.flushed();
+        let flushed = self.positions.flushed();
         self.stats.status_updates.fetch_add(1, Ordering::Relaxed);
         conn.send_status(self.received.max(flushed), flushed, flushed, reply)
             .await?;
@@ -407,7 +396,7 @@ impl Session<'_> {
                     };
                     // Registered before it leaves: from here on the
                     // coordinator knows it is in flight.
-                    self.feedback.register(&batch.txn)?;
+                    self.positions.register(&batch.txn)?;
                     permit.send(batch);
                     self.stats.batches.fetch_add(1, Ordering::Relaxed);
                     self.stats.changes.fetch_add(changes, Ordering::Relaxed);
@@ -451,16 +440,5 @@ mod tests {
         assert_eq!(interval_for(6_000), Duration::from_secs(1));
         assert_eq!(interval_for(0), Duration::from_secs(10), "timeout disabled");
         assert_eq!(interval_for(60), Duration::from_millis(100));
-    }
-
-    #[test]
-    fn jitter_stays_within_a_quarter() {
-        for _ in 0..100 {
-            let d = jitter(Duration::from_secs(4));
-            assert!(
-                d >= Duration::from_secs(3) && d <= Duration::from_secs(5),
-                "{d:?}"
-            );
-        }
     }
 }

@@ -9,7 +9,7 @@ use datum_guest::Txn;
 use super::TransformError;
 use super::encode::{ChangeRef, Item, decode_output, encode_input};
 use super::module::{CallMeta, Instance, Module};
-use crate::batch::Batch;
+use crate::event::Batch;
 
 /// A batch after the chain: the source batch, and what the modules made of
 /// it, in order.

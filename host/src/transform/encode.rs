@@ -15,7 +15,7 @@ use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::TransformError;
-use crate::batch::{Batch, Change, Column, OldRow, Relation};
+use crate::event::{Batch, Change, Column, OldRow, Relation};
 
 /// One change of a transformed batch: a source change passed through
 /// unchanged (by index, never copied), or a change a module made.
@@ -520,8 +520,8 @@ impl Serialize for HostChange<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batch::ReplicaIdentity;
-    use crate::source::TypeKind;
+    use crate::event::ReplicaIdentity;
+    use crate::event::TypeKind;
     use datum_guest::wire::Envelope;
 
     fn relation() -> Arc<Relation> {

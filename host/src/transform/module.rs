@@ -83,13 +83,6 @@ pub struct CallStats {
     pub fuel: Option<u64>,
 }
 
-/// Lowercase hex SHA-256 of `bytes`.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::Digest;
-    let digest = sha2::Sha256::digest(bytes);
-    digest.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 fn signature(ty: &wasmtime::FuncType) -> (Vec<ValType>, Vec<ValType>) {
     (ty.params().collect(), ty.results().collect())
 }
@@ -134,7 +127,7 @@ impl Module {
         // Before the cache too: a module compiled under other limits must
         // still meet these.
         check_compile_cost(&binary, &limits)?;
-        let sha256 = sha256_hex(wasm);
+        let sha256 = crate::digest::sha256_hex(wasm);
         let module = match engine.compiled(&sha256) {
             Some(module) => module,
             None => {
@@ -638,7 +631,7 @@ impl Instance {
             return;
         };
         let name = &self.module.inner.name;
-        let lsn = crate::source::Lsn(meta.commit_lsn);
+        let lsn = crate::event::Lsn(meta.commit_lsn);
         for (stream, capture) in [("stdout", &live.stdout), ("stderr", &live.stderr)] {
             let captured = capture.drain();
             if captured.bytes.is_empty() && captured.dropped == 0 {

@@ -6,8 +6,9 @@
 
 use std::io::Write;
 
-use datum::checkpoint::{Offset, Store};
-use datum::source::Lsn;
+use datum::checkpoint::Store;
+use datum::event::Lsn;
+use datum::event::Offset;
 
 fn main() {
     let path = std::env::args()

@@ -11,9 +11,9 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
-use datum::batch::Change;
 use datum::checkpoint::Store;
-use datum::pipeline::{self, PipelineConfig};
+use datum::daemon::pipeline::{self, PipelineConfig};
+use datum::event::Change;
 use datum::sink::{Sink, SinkError};
 use datum::source::SourceConfig;
 use datum::transform::Transformed;

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use datum::throwaway::Cluster;
+use pg_throwaway::Cluster;
 
 fn median(mut samples: Vec<Duration>) -> Duration {
     samples.sort();

@@ -147,12 +147,7 @@ impl Admin {
 
 /// A host with one pipeline `p` over table `t`, the tagger module (tag
 /// `v0`) and a file sink, its admin API on a free port.
-fn config(
-    pg: &datum::throwaway::Cluster,
-    port: u16,
-    extra_admin: &str,
-    transforms: &str,
-) -> String {
+fn config(pg: &pg_throwaway::Cluster, port: u16, extra_admin: &str, transforms: &str) -> String {
     format!(
         r#"
 state = "state.redb"
@@ -200,12 +195,12 @@ async fn wait_for_lines(path: &Path, n: usize, host: &Host) -> Vec<Json> {
 }
 
 fn lsn(text: &str) -> u64 {
-    text.parse::<datum::source::Lsn>().expect("an LSN").0
+    text.parse::<datum::event::Lsn>().expect("an LSN").0
 }
 
 /// A throwaway server with table `t`, and a host over it.
 struct Setup {
-    pg: datum::throwaway::Cluster,
+    pg: pg_throwaway::Cluster,
     client: tokio_postgres::Client,
     dir: std::path::PathBuf,
     port: u16,

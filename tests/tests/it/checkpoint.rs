@@ -9,11 +9,12 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use datum::batch::Change;
 use datum::checkpoint::Store;
-use datum::pipeline::{self, Handles, PipelineConfig};
+use datum::daemon::pipeline::{self, Handles, PipelineConfig};
+use datum::event::Change;
+use datum::event::Lsn;
 use datum::sink::{Sink, SinkError};
-use datum::source::{Lsn, SourceError};
+use datum::source::SourceError;
 use datum::transform::Transformed;
 use datum_guest::Value;
 use datum_tests::stream::config;
@@ -492,7 +493,7 @@ async fn an_idle_slot_advances_while_other_databases_write() {
 }
 
 async fn run_until_one_batch(
-    pg: &datum::throwaway::Cluster,
+    pg: &pg_throwaway::Cluster,
     store: Arc<Store>,
     recreate: bool,
 ) -> Result<(), pipeline::PipelineError> {
@@ -534,7 +535,7 @@ async fn run_until_one_batch(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_slot_is_an_error_and_recreating_it_says_a_resync_is_needed() {
-    let pg = datum::throwaway::Cluster::builder()
+    let pg = pg_throwaway::Cluster::builder()
         .setting("max_slot_wal_keep_size", "1MB")
         .start()
         .expect("cluster");

@@ -7,8 +7,9 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use datum::checkpoint::{Offset, Store};
-use datum::source::Lsn;
+use datum::checkpoint::Store;
+use datum::event::Lsn;
+use datum::event::Offset;
 use datum_tests::{cluster, connect, example_wasm, example_wasm_path};
 use serde_json::Value as Json;
 
@@ -239,7 +240,7 @@ impl Drop for SmallDisk {
 /// an upload (a module version is stored in the state file) that the full
 /// disk refuses — after which redb refuses every commit on that handle.
 struct FullDisk {
-    pg: datum::throwaway::Cluster,
+    pg: pg_throwaway::Cluster,
     client: tokio_postgres::Client,
     dir: PathBuf,
     disk: SmallDisk,

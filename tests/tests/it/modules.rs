@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use datum::batch::{Batch, Change, Column, Relation, ReplicaIdentity};
+use datum::event::{Batch, Change, Column, Relation, ReplicaIdentity};
 use datum::transform::encode::Item;
 use datum::transform::engine::EngineOptions;
 use datum::transform::{Chain, Engine, Limits, Module};

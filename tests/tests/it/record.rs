@@ -5,8 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use datum::json::{self, ReadBatch};
-use datum::source::Lsn;
+use datum::event::Lsn;
+use datum::event::json;
+use datum::golden::fixture::ReadBatch;
 use datum::transform::encode::to_wire;
 use datum_guest::wire;
 use datum_tests::stream::{Running, config};

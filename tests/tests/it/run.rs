@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use datum::source::Lsn;
+use datum::event::Lsn;
 use datum_tests::{cluster, connect, datum_bin, example_wasm_path, workspace_root};
 use serde_json::Value as Json;
 

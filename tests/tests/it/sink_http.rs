@@ -9,12 +9,12 @@ use std::time::{Duration, Instant};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use datum::batch::{Batch, Change, Column, Relation, ReplicaIdentity};
 use datum::checkpoint::Store;
-use datum::pipeline::{self, PipelineConfig};
+use datum::daemon::pipeline::{self, PipelineConfig};
+use datum::event::Lsn;
+use datum::event::{Batch, Change, Column, Relation, ReplicaIdentity};
 use datum::sink::http::HttpSink;
 use datum::sink::{Sink, SinkError};
-use datum::source::Lsn;
 use datum::transform::Transformed;
 use datum_guest::{Txn, Value};
 use datum_tests::stream::config;
@@ -217,14 +217,15 @@ async fn answers_are_classified() {
         match (result, expected) {
             (Ok(()), None) => {}
             (Err(err), Some(transient)) => {
-                assert_eq!(err.transient, transient, "{status}: {err}");
-                assert!(err.message.contains(&status.to_string()), "{err}");
+                assert_eq!(err.is_transient(), transient, "{status}: {err}");
+                assert!(err.to_string().contains(&status.to_string()), "{err}");
                 assert!(
-                    err.message.contains("receiver says") && err.message.contains("(details)"),
+                    err.to_string().contains("receiver says")
+                        && err.to_string().contains("(details)"),
                     "the message quotes the body on one line: {err}"
                 );
-                assert!(!err.message.contains('\n'), "{err}");
-                assert!(!err.message.contains("s3cret"), "{err}");
+                assert!(!err.to_string().contains('\n'), "{err}");
+                assert!(!err.to_string().contains("s3cret"), "{err}");
             }
             (result, expected) => panic!("{status}: {result:?}, expected {expected:?}"),
         }
@@ -240,8 +241,8 @@ async fn a_receiver_slower_than_the_timeout_is_a_transient_failure() {
         .write(&batch(5, 0x200, 0, &[1]))
         .await
         .expect_err("too slow");
-    assert!(err.transient, "{err}");
-    assert!(err.message.contains("timed out"), "{err}");
+    assert!(err.is_transient(), "{err}");
+    assert!(err.to_string().contains("timed out"), "{err}");
     assert!(
         started.elapsed() < Duration::from_secs(2),
         "{:?}",
@@ -264,10 +265,10 @@ async fn a_refused_connection_is_a_transient_failure() {
         .write(&batch(5, 0x200, 0, &[1]))
         .await
         .expect_err("nobody listens");
-    assert!(err.transient, "{err}");
-    assert!(err.message.contains("connect"), "{err}");
+    assert!(err.is_transient(), "{err}");
+    assert!(err.to_string().contains("connect"), "{err}");
     assert!(
-        !err.message.contains("s3cret"),
+        !err.to_string().contains("s3cret"),
         "the query may hold secrets: {err}"
     );
 }

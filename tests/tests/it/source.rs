@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use datum::source::{Lsn, SourceError};
+use datum::event::Lsn;
+use datum::source::SourceError;
 use datum_guest::{Date, Timestamp, Value};
 use datum_tests::stream::{Running, config, render};
 use datum_tests::{PasswordAuth, cluster, connect};
@@ -128,12 +129,12 @@ async fn typed_values_survive_the_trip() {
         .changes
         .iter()
         .map(|c| match c {
-            datum::batch::Change::Insert { new, .. } => new,
+            datum::event::Change::Insert { new, .. } => new,
             other => panic!("{other:?}"),
         })
         .collect();
     let columns: Vec<String> = match &batch.changes[0] {
-        datum::batch::Change::Insert { relation, .. } => relation
+        datum::event::Change::Insert { relation, .. } => relation
             .columns
             .iter()
             .map(|c| format!("{}:{}", c.name, c.type_name))
@@ -242,7 +243,7 @@ async fn arbitrary_bytea_survives() {
         .expect("insert");
     let batch = source.next(10).await;
     match &batch.changes[0] {
-        datum::batch::Change::Insert { new, .. } => assert_eq!(new[1], Value::Bytes(all)),
+        datum::event::Change::Insert { new, .. } => assert_eq!(new[1], Value::Bytes(all)),
         other => panic!("{other:?}"),
     }
     source.stop().await.expect("stop");
@@ -283,7 +284,7 @@ async fn unchanged_toast_is_not_null() {
     let mut news = Vec::new();
     while news.len() < 3 {
         for change in source.next(10).await.changes {
-            if let datum::batch::Change::Update { new, .. } = change {
+            if let datum::event::Change::Update { new, .. } = change {
                 news.push(new[2].clone());
             }
         }
@@ -420,7 +421,7 @@ async fn a_million_row_transaction_streams_in_bounded_memory() {
         chunks += 1;
         for change in &batch.changes {
             match change {
-                datum::batch::Change::Insert { new, .. } => {
+                datum::event::Change::Insert { new, .. } => {
                     assert_eq!(new[0], Value::Int(next_id));
                     next_id += 1;
                 }
@@ -492,7 +493,7 @@ async fn a_terminated_walsender_is_replaced_without_loss_duplicates_or_disorder(
     while seen.len() < expected.len() {
         let batch = source.next(30).await;
         for change in &batch.changes {
-            if let datum::batch::Change::Insert { new, .. } = change {
+            if let datum::event::Change::Insert { new, .. } = change {
                 let Value::Int(id) = new[0] else { panic!() };
                 seen.push(id as i32);
             }
@@ -617,7 +618,7 @@ async fn a_missing_slot_or_publication_is_a_definite_error() {
 
 #[tokio::test]
 async fn check_reports_each_requirement_with_what_to_do() {
-    let pg = datum::throwaway::Cluster::builder()
+    let pg = pg_throwaway::Cluster::builder()
         .setting("wal_level", "replica")
         .start()
         .expect("cluster");
@@ -701,7 +702,7 @@ async fn transactions_from_a_replication_origin_stream_normally() {
 async fn status_updates_keep_the_walsender_alive_while_idle_and_under_back_pressure() {
     // wal_sender_timeout of 1 s: without status updates of our own while
     // blocked on downstream, the server would drop the connection.
-    let pg = datum::throwaway::Cluster::builder()
+    let pg = pg_throwaway::Cluster::builder()
         .setting("wal_sender_timeout", "1s")
         .start()
         .expect("cluster");
@@ -745,7 +746,7 @@ async fn status_updates_keep_the_walsender_alive_while_idle_and_under_back_press
 
 #[tokio::test]
 async fn streams_over_tls_with_each_verifying_sslmode() {
-    let pg = datum::throwaway::Cluster::builder()
+    let pg = pg_throwaway::Cluster::builder()
         .ssl(true)
         .start()
         .expect("cluster with ssl");
@@ -797,7 +798,7 @@ async fn streams_over_tls_with_each_verifying_sslmode() {
     }
 
     // A certificate from another authority fails verification, definitely.
-    let other = datum::throwaway::Cluster::builder()
+    let other = pg_throwaway::Cluster::builder()
         .ssl(true)
         .start()
         .expect("another ssl cluster");
@@ -1032,7 +1033,7 @@ async fn a_message_sharing_the_next_commit_position_neither_panics_nor_stalls() 
         assert!(
             matches!(
                 message.changes[..],
-                [datum::batch::Change::Message {
+                [datum::event::Change::Message {
                     transactional: false,
                     ..
                 }]
@@ -1045,7 +1046,7 @@ async fn a_message_sharing_the_next_commit_position_neither_panics_nor_stalls() 
         }
         for batch in [b, a] {
             for change in &batch.changes {
-                if let datum::batch::Change::Insert { new, .. } = change {
+                if let datum::event::Change::Insert { new, .. } = change {
                     let Value::Int(id) = new[0] else {
                         panic!("{new:?}")
                     };

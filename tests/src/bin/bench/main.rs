@@ -14,9 +14,9 @@ mod latency;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use datum::source::Lsn;
-use datum::throwaway::Cluster;
+use datum::event::Lsn;
 use datum_tests::target_dir;
+use pg_throwaway::Cluster;
 
 use host::{Host, PipelineDef, cpu_seconds, memory, recvlogical, recvlogical_pgoutput};
 

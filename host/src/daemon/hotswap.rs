@@ -1,4 +1,4 @@
-//! Hot swap (DESIGN.md §5): the module versions a pipeline runs, which one
+//! Hot swap (`docs/admin.md`): the module versions a pipeline runs, which one
 //! is active, and replacing one while the stream runs.
 //!
 //! Owns the pipeline's [`ActiveChain`] — the modules in force, shared
@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{Notify, oneshot};
 
 use crate::checkpoint::{Activation, CheckpointError, ModuleVersion, Store};
-use crate::source::Lsn;
+use crate::event::Lsn;
 use crate::transform::{Chain, Engine, Limits, Module, TransformError};
 
 /// Versions kept per module for rollback (the active one is always kept).
@@ -301,7 +301,7 @@ pub fn resolve(
     for c in configured {
         let key = key(pipeline, &c.name);
         let versions = store.module_versions(&key)?;
-        let sha = crate::transform::module::sha256_hex(&c.wasm);
+        let sha = crate::digest::sha256_hex(&c.wasm);
         let from_file = versions.iter().rev().find(|v| v.origin == "config");
         let file_unchanged = from_file.is_some_and(|v| v.sha256 == sha && v.config == c.config);
         let active = store.active_module_version(&key)?;

@@ -41,7 +41,7 @@ pub enum Command {
     Demo {
         /// Stop after this long (`10s`, `2m`); default: at Ctrl-C.
         #[arg(long)]
-        duration: Option<datum::config::Span>,
+        duration: Option<crate::config::Span>,
         /// No ANSI colours (also: NO_COLOR, or output that is not a terminal).
         #[arg(long)]
         no_color: bool,
@@ -154,7 +154,7 @@ pub enum Command {
         /// The bearer token [default: DATUM_ADMIN_TOKEN]. Prefer the
         /// variable: other users can see command lines.
         #[arg(long, global = true)]
-        token: Option<datum::admin_client::Token>,
+        token: Option<super::admin::Token>,
         /// Print the API's JSON answer instead of a summary.
         #[arg(long, global = true)]
         json: bool,
@@ -256,8 +256,8 @@ pub enum DeadLetterVerb {
 
 impl AdminCommand {
     /// The library's request; an error for arguments clap cannot rule out.
-    pub fn into_request(self) -> Result<datum::admin_client::Request, String> {
-        use datum::admin_client::{DeadLetterAction, Request};
+    pub fn into_request(self) -> Result<super::admin::Request, String> {
+        use super::admin::{DeadLetterAction, Request};
         Ok(match self {
             AdminCommand::Status { pipeline } => Request::Status { pipeline },
             AdminCommand::Pause { pipeline } => Request::Pause { pipeline },

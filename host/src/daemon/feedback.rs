@@ -1,4 +1,4 @@
-//! The feedback coordinator (DESIGN.md §2.2): which transactions are fully
+//! The feedback coordinator (`docs/architecture.md`, rule 2): which transactions are fully
 //! acknowledged, what may be checkpointed, and what PostgreSQL may be told
 //! is flushed.
 //!
@@ -6,7 +6,8 @@
 //! downstream; the pipeline acknowledges each one once the sink has it
 //! durably; the commit loop persists the watermark and reports it back.
 //!
-//! Invariants (kept by construction or refused with an [`OrderError`],
+//! Invariants (kept by construction or refused with an
+//! [`OrderError`](crate::source::OrderError),
 //! never asserted; tried by the tests below):
 //! * the *watermark* (offered to the checkpoint) is the end LSN of the longest
 //!   prefix, in commit order, of transactions whose every chunk was
@@ -15,7 +16,7 @@
 //! * the watermark never moves backwards;
 //! * *flushed* (reported to PostgreSQL as `flush` and `apply`) is never greater
 //!   than the last position committed to redb, nor than the watermark;
-//! * the idle rule (DESIGN.md §2.4): when nothing is registered and
+//! * the idle rule (`docs/architecture.md`, rule 4): when nothing is registered and
 //!   unacknowledged and the source has no open transaction, a keepalive's WAL
 //!   end may become the watermark, so a quiet publication does not pin WAL.
 
@@ -25,8 +26,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use datum_guest::Txn;
 use tokio::sync::watch;
 
-use crate::checkpoint::Offset;
-use crate::source::Lsn;
+use crate::event::{Lsn, Offset};
+use crate::source::{OrderError, Positions};
 
 #[derive(Debug)]
 struct Pending {
@@ -51,38 +52,6 @@ impl Pending {
     fn continued_by(&self, txn: &Txn) -> bool {
         self.end_lsn.is_none() && self.commit_lsn == Lsn(txn.commit_lsn) && self.xid == txn.xid
     }
-}
-
-/// A batch registered out of commit order: an invariant of the stream was
-/// broken (by the server or by the source), so the pipeline stops rather
-/// than checkpoint past a transaction it has not delivered.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum OrderError {
-    /// A transaction whose commit LSN is before the previous one's.
-    #[error(
-        "transaction xid {xid} (commit {commit_lsn}) arrived after xid {previous_xid} \
-         (commit {previous_commit_lsn}): commit positions went backwards"
-    )]
-    Backwards {
-        /// The transaction registered.
-        xid: u32,
-        /// Its commit LSN.
-        commit_lsn: Lsn,
-        /// The transaction before it.
-        previous_xid: u32,
-        /// Its commit LSN.
-        previous_commit_lsn: Lsn,
-    },
-    /// A transaction first seen at a chunk other than its first.
-    #[error("transaction xid {xid} (commit {commit_lsn}) began at chunk {chunk}, not at chunk 0")]
-    MidTransaction {
-        /// The transaction.
-        xid: u32,
-        /// Its commit LSN.
-        commit_lsn: Lsn,
-        /// The chunk it began with.
-        chunk: u32,
-    },
 }
 
 #[derive(Debug)]
@@ -122,7 +91,7 @@ impl Feedback {
 
     /// Records that the source is about to send this batch downstream.
     /// Batches are registered in the order the source emits them: commit
-    /// order, where equal positions are legal (PITFALLS 14: a
+    /// order, where equal positions are legal (`docs/architecture.md`, pitfall 14: a
     /// non-transactional message ends where the next transaction's commit
     /// record starts, so both carry the same commit LSN). A batch that would
     /// go back in commit order, or a new transaction that does not start at
@@ -276,6 +245,21 @@ impl Feedback {
     /// `flushed`, as it changes.
     pub fn flushed_watch(&self) -> watch::Receiver<Lsn> {
         self.flushed.subscribe()
+    }
+}
+
+/// What the source calls: the coordinator as the source sees it.
+impl Positions for Feedback {
+    fn register(&self, txn: &Txn) -> Result<(), OrderError> {
+        Feedback::register(self, txn)
+    }
+
+    fn idle(&self, wal_end: Lsn) {
+        self.advance_idle(wal_end);
+    }
+
+    fn flushed(&self) -> Lsn {
+        Feedback::flushed(self)
     }
 }
 

@@ -48,31 +48,31 @@ impl Kind {
     fn template(self) -> KindTemplate {
         match self {
             Kind::Filter => KindTemplate {
-                lib_rs: include_str!("../templates/new/filter.rs"),
-                input: include_str!("../templates/new/filter.input.json"),
-                expected: include_str!("../templates/new/filter.expected.json"),
+                lib_rs: include_str!("../../templates/new/filter.rs"),
+                input: include_str!("../../templates/new/filter.input.json"),
+                expected: include_str!("../../templates/new/filter.expected.json"),
                 behaviour: "it keeps every change except the rows of tables named \
                             `audit_log`, in any schema (truncates and logical messages \
                             always pass).",
             },
             Kind::Map => KindTemplate {
-                lib_rs: include_str!("../templates/new/map.rs"),
-                input: include_str!("../templates/new/map.input.json"),
-                expected: include_str!("../templates/new/map.expected.json"),
+                lib_rs: include_str!("../../templates/new/map.rs"),
+                input: include_str!("../../templates/new/map.input.json"),
+                expected: include_str!("../../templates/new/map.expected.json"),
                 behaviour: "it trims the whitespace around every text value of each \
                             change's new row.",
             },
             Kind::FlatMap => KindTemplate {
-                lib_rs: include_str!("../templates/new/flat_map.rs"),
-                input: include_str!("../templates/new/flat_map.input.json"),
-                expected: include_str!("../templates/new/flat_map.expected.json"),
+                lib_rs: include_str!("../../templates/new/flat_map.rs"),
+                input: include_str!("../../templates/new/flat_map.input.json"),
+                expected: include_str!("../../templates/new/flat_map.expected.json"),
                 behaviour: "it sends every insert on twice, the second time with its \
                             `route` set to `audit`; every other change passes once.",
             },
             Kind::Transform => KindTemplate {
-                lib_rs: include_str!("../templates/new/transform.rs"),
-                input: include_str!("../templates/new/transform.input.json"),
-                expected: include_str!("../templates/new/transform.expected.json"),
+                lib_rs: include_str!("../../templates/new/transform.rs"),
+                input: include_str!("../../templates/new/transform.input.json"),
+                expected: include_str!("../../templates/new/transform.expected.json"),
                 behaviour: "it passes every change on, and ends each batch with a \
                             logical message (prefix `row_counts`) that counts the \
                             batch's row changes per table.",
@@ -90,9 +90,9 @@ struct KindTemplate {
     behaviour: &'static str,
 }
 
-const CARGO_TOML: &str = include_str!("../templates/new/Cargo.toml.tmpl");
-const README: &str = include_str!("../templates/new/README.md.tmpl");
-const GITIGNORE: &str = include_str!("../templates/new/gitignore");
+const CARGO_TOML: &str = include_str!("../../templates/new/Cargo.toml.tmpl");
+const README: &str = include_str!("../../templates/new/README.md.tmpl");
+const GITIGNORE: &str = include_str!("../../templates/new/gitignore");
 
 /// The SDK of the source tree this binary was built from; used when it still
 /// exists and no `--sdk` is given.
@@ -215,6 +215,13 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Reason + '_ {
         path: path.to_owned(),
         source,
     }
+}
+
+/// `datum new`: scaffolds the crate and says what to do next.
+pub fn command(options: Options) -> Result<super::Outcome, super::CommandError> {
+    let created = create(&options)?;
+    super::say(&created.to_string());
+    Ok(super::Outcome::Success)
 }
 
 /// Creates the crate: checks the name, the directory and the SDK, then
@@ -474,8 +481,9 @@ fn shell_quote(text: &str) -> Cow<'_, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::json;
     use crate::golden::Expected;
-    use crate::json::{self, ReadBatch};
+    use crate::golden::fixture::ReadBatch;
 
     fn scratch(what: &str) -> PathBuf {
         let dir =

@@ -22,6 +22,8 @@
 //!
 //! Each case gets a fresh instance, so cases do not depend on their order.
 
+pub mod fixture;
+
 use std::fmt;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -32,12 +34,13 @@ use datum_guest::wire::{Batch as WireBatch, Change as WireChange, Column as Wire
 use datum_guest::{Txn, Value};
 use serde::{Deserialize, Serialize};
 
-use crate::batch::{Batch, Change, Column, OldRow, Relation, ReplicaIdentity};
-use crate::json::{self, ChangeJson, ColumnsForm, ReadBatch, ReadChange, ReadError};
-use crate::source::Lsn;
+use crate::event::Lsn;
+use crate::event::json::{self, ChangeJson, ColumnsForm, ReadError};
+use crate::event::{Batch, Change, Column, OldRow, Relation, ReplicaIdentity};
 use crate::transform::encode::{Item, to_wire};
 use crate::transform::engine::EngineOptions;
 use crate::transform::{Chain, Engine, Limits, Module, TransformError, Transformed};
+use fixture::{ReadBatch, ReadChange};
 
 /// Suffix of a case's input batch.
 pub const INPUT_SUFFIX: &str = ".input.json";
@@ -276,7 +279,7 @@ impl Actual {
                 struct Doc<'a> {
                     changes: json::Changes<'a>,
                 }
-                json::to_pretty(&Doc {
+                crate::event::ordered::to_pretty(&Doc {
                     changes: json::Changes(changes, ColumnsForm::Auto),
                 })
             }
@@ -289,7 +292,7 @@ impl Actual {
                 struct Doc<'a> {
                     error: &'a ExpectedError,
                 }
-                json::to_pretty(&Doc {
+                crate::event::ordered::to_pretty(&Doc {
                     error: &ExpectedError {
                         kind: kind.clone(),
                         message: message.clone(),
@@ -533,7 +536,7 @@ struct ChangesDoc<'a> {
 
 fn render_expected(expected: &Expected) -> String {
     match expected {
-        Expected::Changes(changes) => json::to_pretty(&ChangesDoc {
+        Expected::Changes(changes) => crate::event::ordered::to_pretty(&ChangesDoc {
             changes: changes
                 .iter()
                 .map(|c| ChangeJson {
@@ -559,19 +562,21 @@ fn render_expected(expected: &Expected) -> String {
 /// diff shows only real differences.
 fn render_actual_like(actual: &Actual, expected: &Expected) -> String {
     match (actual, expected) {
-        (Actual::Changes(got), Expected::Changes(want)) => json::to_pretty(&ChangesDoc {
-            changes: got
-                .iter()
-                .enumerate()
-                .map(|(i, change)| ChangeJson {
-                    change,
-                    columns: match want.get(i) {
-                        Some(w) if !w.columns_given => ColumnsForm::Omit,
-                        _ => ColumnsForm::Auto,
-                    },
-                })
-                .collect(),
-        }),
+        (Actual::Changes(got), Expected::Changes(want)) => {
+            crate::event::ordered::to_pretty(&ChangesDoc {
+                changes: got
+                    .iter()
+                    .enumerate()
+                    .map(|(i, change)| ChangeJson {
+                        change,
+                        columns: match want.get(i) {
+                            Some(w) if !w.columns_given => ColumnsForm::Omit,
+                            _ => ColumnsForm::Auto,
+                        },
+                    })
+                    .collect(),
+            })
+        }
         _ => actual.to_expected_json(),
     }
 }

@@ -236,6 +236,13 @@ impl ClientError {
 // ---------------------------------------------------------------------------
 // The whole command.
 
+/// `datum admin`: one request to a running host; its answer printed.
+pub fn command(args: Args) -> Result<super::Outcome, super::CommandError> {
+    let output = super::block_on(run(&args))??;
+    super::say(&output);
+    Ok(super::Outcome::Success)
+}
+
 /// Runs a command: resolves the API (with `DATUM_ADMIN_TOKEN` from the
 /// environment), calls it, and returns what to print on standard output.
 pub async fn run(args: &Args) -> Result<String, ClientError> {
@@ -826,7 +833,7 @@ fn chain(err: &reqwest::Error) -> String {
 /// with a newline, when it is not JSON).
 fn pretty(body: &str) -> String {
     match serde_json::from_str::<Ordered>(body) {
-        Ok(tree) => crate::json::to_pretty(&tree),
+        Ok(tree) => crate::event::ordered::to_pretty(&tree),
         Err(_) => with_newline(body.to_owned()),
     }
 }
@@ -952,8 +959,8 @@ pub fn render(request: &Request, body: &str) -> String {
             // a fixture's NAME.input.json.
             DeadLetterAction::Show(_) => match serde_json::from_str::<Ordered>(body) {
                 Ok(Ordered::Object(entries)) => match entries.iter().find(|(k, _)| k == "batch") {
-                    Some((_, batch)) => crate::json::to_pretty(batch),
-                    None => crate::json::to_pretty(&Ordered::Object(entries)),
+                    Some((_, batch)) => crate::event::ordered::to_pretty(batch),
+                    None => crate::event::ordered::to_pretty(&Ordered::Object(entries)),
                 },
                 _ => pretty(body),
             },
@@ -1256,7 +1263,7 @@ fn one_line(text: &str) -> String {
 
 /// µs since the Unix epoch, as `2025-12-02 10:00:00+00`.
 fn time(micros: i64) -> String {
-    crate::json::format_timestamp(datum_guest::wire::Timestamp::Micros(micros), true)
+    crate::event::text::format_timestamp(datum_guest::wire::Timestamp::Micros(micros), true)
 }
 
 /// A byte count for people: `512 B`, `402.7 KiB`.

@@ -979,7 +979,7 @@ mod tests {
     /// and channel binding required, so the server checks our end-point hash.
     #[tokio::test]
     async fn tokio_postgres_verifies_and_binds_to_a_real_server() {
-        use crate::throwaway::{Cluster, PasswordAuth};
+        use pg_throwaway::{Cluster, PasswordAuth};
         let pg = Cluster::builder()
             .ssl(true)
             .start()

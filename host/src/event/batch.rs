@@ -11,8 +11,36 @@ use std::sync::Arc;
 
 use datum_guest::{Txn, Value};
 
-use crate::source::TypeKind;
-use crate::source::lsn::Lsn;
+use super::lsn::Lsn;
+use super::values::TypeKind;
+
+/// When a transaction is cut into chunks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchLimits {
+    /// Most changes in one batch.
+    pub max_rows: usize,
+    /// A batch is closed once its data reaches this many bytes.
+    pub max_bytes: usize,
+}
+
+impl Default for BatchLimits {
+    fn default() -> Self {
+        BatchLimits {
+            max_rows: 10_000,
+            max_bytes: 8 * 1024 * 1024,
+        }
+    }
+}
+
+/// What a batch of `rows` changes and `bytes` bytes counts against a budget:
+/// its bytes, but at least its share of a full batch by rows, so that a
+/// batch at the row limit costs as much as one at the byte limit (row data
+/// in memory is several times its wire size) and a budget of `n` full
+/// batches holds `n` of them, whichever limit they reached.
+pub fn cost(bytes: usize, rows: usize, limits: BatchLimits) -> usize {
+    let per_row = limits.max_bytes / limits.max_rows.max(1);
+    bytes.max(rows.saturating_mul(per_row))
+}
 
 /// Which old values PostgreSQL sends for updates and deletes of a table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,8 +178,8 @@ pub struct Batch {
 
 impl Batch {
     /// What this batch counts against the byte budgets between stages
-    /// ([`crate::budget::cost`]).
-    pub fn cost(&self, limits: crate::source::assembler::BatchLimits) -> usize {
-        crate::budget::cost(self.bytes, self.changes.len(), limits)
+    /// ([`crate::event::cost`]).
+    pub fn cost(&self, limits: crate::event::BatchLimits) -> usize {
+        cost(self.bytes, self.changes.len(), limits)
     }
 }

@@ -17,10 +17,13 @@ use std::path::{Path, PathBuf};
 use datum_guest::wire;
 
 use crate::checkpoint::Store;
-use crate::json::{self, BatchJson};
-use crate::source::assembler::{Assembler, BatchLimits};
-use crate::source::replication::quote_literal;
-use crate::source::{ConnInfo, Lsn, SourceError, catalog, pgoutput};
+use crate::event::BatchLimits;
+use crate::event::Lsn;
+use crate::event::json::BatchJson;
+use crate::pg::ConnInfo;
+use crate::pg::quote_literal;
+use crate::source::assembler::Assembler;
+use crate::source::{SourceError, catalog, pgoutput};
 use crate::transform::encode::to_wire;
 
 /// Messages peeked at most: bounds the work the server does for one record.
@@ -80,6 +83,54 @@ pub enum RecordError {
     Exists(PathBuf),
 }
 
+/// Where `datum record` takes batches from.
+#[derive(Debug, Clone, Default)]
+pub struct Source {
+    /// A database whose slot is peeked (`--url`).
+    pub url: Option<String>,
+    /// The slot (`--slot`).
+    pub slot: Option<String>,
+    /// The publication (`--publication`).
+    pub publication: Option<String>,
+    /// A state file whose dead letters are read (`--state`).
+    pub state: Option<std::path::PathBuf>,
+    /// The pipeline whose dead letters (`--pipeline`).
+    pub pipeline: Option<String>,
+}
+
+/// `datum record`: writes the fixtures and says what to do with them.
+pub fn command(source: Source, options: &Options) -> Result<super::Outcome, super::CommandError> {
+    eprintln!(
+        "warning: recorded fixtures hold real rows from your database; review and scrub \
+         them before you commit or share them"
+    );
+    let files = match (source.url, source.state) {
+        (Some(url), _) => super::block_on(from_slot(
+            &url,
+            source.slot.as_deref(),
+            source.publication.as_deref(),
+            options,
+        ))??,
+        (None, Some(state)) => from_dead_letters(&state, source.pipeline.as_deref(), options)?,
+        (None, None) => {
+            return Err(super::CommandError::Usage(
+                "give --url (a slot to peek) or --state (dead letters)".into(),
+            ));
+        }
+    };
+    for file in &files {
+        super::say(&format!("wrote {}\n", file.display()));
+    }
+    super::say(&format!(
+        "{} fixture{} recorded; write NAME.expected.json beside each, or run \
+         `datum test MODULE.wasm {} --bless` and review what it writes\n",
+        files.len(),
+        if files.len() == 1 { "" } else { "s" },
+        options.out.display()
+    ));
+    Ok(super::Outcome::Success)
+}
+
 /// Records up to `options.limit` pending transactions of `slot`, decoded
 /// with `publication`, without consuming them.
 pub async fn from_slot(
@@ -133,7 +184,7 @@ pub async fn from_slot(
             RecordError::Slot(format!(
                 "cannot make a temporary copy of slot `{slot}` to peek at: {} (it needs one \
                  free replication slot: raise max_replication_slots if they are all used)",
-                catalog::error_chain(&e)
+                crate::pg::error_chain(&e)
             ))
         })?;
     let rows = client
@@ -149,7 +200,7 @@ pub async fn from_slot(
         .map_err(|e| {
             RecordError::Slot(format!(
                 "cannot read slot `{slot}` with publication `{publication}`: {}",
-                catalog::error_chain(&e)
+                crate::pg::error_chain(&e)
             ))
         })?;
     let mut assembler = Assembler::new(BatchLimits::default(), Lsn::ZERO);
@@ -258,7 +309,8 @@ fn write_all(
         return Err(RecordError::Exists(existing.clone()));
     }
     for ((_, batch), path) in batches.iter().zip(&paths) {
-        std::fs::write(path, json::to_pretty(&BatchJson(batch))).map_err(io(path))?;
+        std::fs::write(path, crate::event::ordered::to_pretty(&BatchJson(batch)))
+            .map_err(io(path))?;
     }
     Ok(paths)
 }

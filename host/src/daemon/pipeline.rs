@@ -1,5 +1,5 @@
 //! One pipeline: source, transforms, sink, and the acknowledgements between
-//! them that move the checkpoint (DESIGN.md §1–§2).
+//! them that move the checkpoint (`docs/architecture.md`).
 //!
 //! Owns the wiring and the order of events: read the checkpoint, prepare the
 //! slot (refusing when changes were lost, unless told to recreate it), stream
@@ -30,12 +30,14 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 
-use crate::batch::Batch;
-use crate::budget;
-use crate::checkpoint::{self, CheckpointError, CommitPolicy, Offset, Store};
+use crate::channel;
+use crate::checkpoint::{CheckpointError, Offset, Store};
 use crate::config::OnError;
-use crate::feedback::Feedback;
-use crate::hotswap::{ActiveChain, Slot};
+use crate::daemon::commit::{self, CommitPolicy};
+use crate::daemon::feedback::Feedback;
+use crate::daemon::hotswap::{ActiveChain, Slot};
+use crate::event::Batch;
+use crate::retry::Backoff;
 use crate::sink::{Sink, SinkError};
 use crate::source::stream::SourceStats;
 use crate::source::{self, SourceConfig, SourceError};
@@ -69,7 +71,7 @@ pub struct PipelineConfig {
     /// When the slot exists but the state file has no record of the
     /// pipeline: stream from the slot's position instead of refusing.
     pub adopt_slot: bool,
-    /// The hot-swappable chain (`crate::hotswap`); when `None`, one is made
+    /// The hot-swappable chain (`crate::daemon::hotswap`); when `None`, one is made
     /// from `modules`, outside the registry (version 0).
     pub chain: Option<Arc<ActiveChain>>,
     /// The source's counters (shared by clones of this configuration, so
@@ -124,7 +126,7 @@ pub enum PipelineError {
         /// The configured bound.
         timeout: Duration,
         /// The last durable checkpoint.
-        checkpoint: source::Lsn,
+        checkpoint: crate::event::Lsn,
     },
     /// The slot exists, but the state file has no record of the pipeline.
     #[error(
@@ -142,13 +144,22 @@ pub enum PipelineError {
         /// The state file.
         state: std::path::PathBuf,
     },
+    /// A stage of the pipeline panicked: a bug in Datum, never a reaction
+    /// to data. Nothing after the checkpoint was acknowledged.
+    #[error("the {stage} stage panicked: {message} (a bug in Datum; please report it)")]
+    Panicked {
+        /// The stage: `source`, `transforms`, `sink` or `pipeline`.
+        stage: &'static str,
+        /// What the panic said.
+        message: String,
+    },
     /// A module failed and `on_error` is `fail`.
     #[error("transform (batch xid {xid}, commit {commit_lsn}): {error}")]
     Transform {
         /// The failing batch's transaction.
         xid: u32,
         /// Its commit LSN.
-        commit_lsn: source::Lsn,
+        commit_lsn: crate::event::Lsn,
         /// The failure.
         error: ChainError,
     },
@@ -233,7 +244,7 @@ pub struct Replay {
 
 /// What the transform stage hands the sink stage.
 /// Most batches the sink writes as one group (a group also closes at one
-/// full batch's cost, `budget::cost`).
+/// full batch's cost, `channel::cost`).
 const GROUP_MAX_BATCHES: usize = 1024;
 
 enum Staged {
@@ -307,7 +318,7 @@ pub async fn run<S: Sink>(
         let _ = rx.wait_for(|stop| *stop).await;
     };
     let failures = counters.clone();
-    let committer = tokio::spawn(checkpoint::commit_loop(
+    let committer = tokio::spawn(commit::commit_loop(
         store.clone(),
         name.clone(),
         feedback.clone(),
@@ -322,8 +333,8 @@ pub async fn run<S: Sink>(
     let capacity = config.channel_capacity.max(1);
     let limits = config.source.limits;
     let bytes = capacity.saturating_mul(limits.max_bytes.max(1));
-    let (source_tx, source_rx) = budget::channel(capacity * GROUP_MAX_BATCHES, bytes);
-    let (staged_tx, mut staged_rx) = budget::channel(capacity * GROUP_MAX_BATCHES, bytes);
+    let (source_tx, source_rx) = channel::channel(capacity * GROUP_MAX_BATCHES, bytes);
+    let (staged_tx, mut staged_rx) = channel::channel(capacity * GROUP_MAX_BATCHES, bytes);
     let mut source_task = spawn_source(
         &name,
         source::stream::run(
@@ -402,10 +413,11 @@ pub async fn run<S: Sink>(
                 break Ok(());
             }
             break match (&mut source_task).await {
-                Ok(result) => result.map_err(PipelineError::from),
-                Err(err) => Err(PipelineError::Source(SourceError::Protocol(format!(
-                    "the source task failed: {err}"
-                )))),
+                Ok(result) => result,
+                Err(err) => Err(PipelineError::Panicked {
+                    stage: "source",
+                    message: panic_message(err),
+                }),
             };
         };
         let transformed = match staged {
@@ -494,25 +506,25 @@ pub async fn run<S: Sink>(
                 None => continue,
             }
         };
-        let mut delay = config.sink_retry_initial;
+        let mut backoff = Backoff::new(config.sink_retry_initial, config.sink_retry_max);
         let written = loop {
             match sink.write(&transformed).await {
                 Ok(()) => break Ok(()),
-                Err(err) if err.transient => {
+                Err(err) if err.is_transient() => {
                     counters.sink_retries.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(pipeline = %name, error = %err, retry_in = ?delay, "sink write failed; retrying");
+                    let wait = backoff.next_wait();
+                    tracing::warn!(pipeline = %name, error = %err, retry_in = ?wait, "sink write failed; retrying");
                     let stop = tokio::select! {
                         biased;
                         _ = shutdown.as_mut(), if deadline.is_none() => true,
                         _ = drain_over(deadline) => true,
-                        _ = tokio::time::sleep(jitter(delay)) => false,
+                        _ = tokio::time::sleep(wait) => false,
                     };
                     if stop {
                         break Err(None);
                     }
-                    delay = (delay * 2).min(config.sink_retry_max);
                 }
-                Err(err) if err.gone => {
+                Err(err) if err.is_gone() => {
                     tracing::info!(pipeline = %name, reason = %err, "the sink's reader went away; stopping");
                     break Err(None);
                 }
@@ -565,8 +577,11 @@ pub async fn run<S: Sink>(
     let committer_abort = committer.abort_handle();
     // The source stays connected until the final commit, then confirms it
     // to the slot.
+    let mut transforms_panic = None;
     let teardown = async {
-        let _ = tokio::task::spawn_blocking(move || transformer.join()).await;
+        if let Ok(Err(payload)) = tokio::task::spawn_blocking(move || transformer.join()).await {
+            transforms_panic = Some(payload_message(payload.as_ref()));
+        }
         let _ = stop_commits.send(true);
         let _ = committer.await;
         let _ = settle_source.send(true);
@@ -587,7 +602,15 @@ pub async fn run<S: Sink>(
         }));
     }
     tracing::info!(pipeline = %name, checkpoint = %feedback.flushed(), "pipeline stopped");
-    outcome
+    match transforms_panic {
+        // The transform thread's end closed the channel the loop reads, so
+        // the outcome above does not say why.
+        Some(message) => Err(PipelineError::Panicked {
+            stage: "transforms",
+            message,
+        }),
+        None => outcome,
+    }
 }
 
 /// Prepares the publication and slot, retrying with back-off while the
@@ -606,7 +629,7 @@ async fn prepare_source(
     checkpoint: Option<Offset>,
     mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
 ) -> Result<Option<source::Prepared>, PipelineError> {
-    let mut delay = config.source.reconnect_initial;
+    let mut backoff = Backoff::new(config.source.reconnect_initial, config.source.reconnect_max);
     let mut attempt = 1u64;
     loop {
         let intent = || {
@@ -635,7 +658,7 @@ async fn prepare_source(
                 return Ok(Some(prepared));
             }
             Err(err) if err.is_transient() => {
-                let wait = jitter(delay);
+                let wait = backoff.next_wait();
                 tracing::warn!(pipeline = %config.name, attempt, error = %err, retry_in = ?wait, "cannot prepare the source yet; retrying");
                 config.stats.record_error(format!(
                     "starting (attempt {attempt}, next in {:.1} s): {err}",
@@ -646,7 +669,6 @@ async fn prepare_source(
                     _ = shutdown.as_mut() => return Ok(None),
                     _ = tokio::time::sleep(wait) => {}
                 }
-                delay = (delay * 2).min(config.source.reconnect_max);
                 attempt += 1;
             }
             Err(err) => return Err(err.into()),
@@ -666,43 +688,60 @@ async fn prepare_source(
 fn spawn_source(
     name: &str,
     source: impl Future<Output = Result<(), SourceError>> + Send + 'static,
-) -> tokio::task::JoinHandle<Result<(), SourceError>> {
+) -> tokio::task::JoinHandle<Result<(), PipelineError>> {
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     let span = tracing::Span::current();
     let spawned = std::thread::Builder::new()
         .name(format!("datum-source-{name}"))
         .spawn(move || {
             let _entered = span.enter();
-            let result = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(runtime) => runtime.block_on(source),
-                Err(err) => Err(SourceError::Io(err)),
-            };
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime.block_on(source).map_err(PipelineError::from),
+                    Err(err) => Err(PipelineError::Source(SourceError::Io(err))),
+                }
+            }))
+            .unwrap_or_else(|payload| {
+                Err(PipelineError::Panicked {
+                    stage: "source",
+                    message: payload_message(payload.as_ref()),
+                })
+            });
             let _ = done_tx.send(result);
         });
     tokio::spawn(async move {
         if let Err(err) = spawned {
-            return Err(SourceError::Io(err));
+            return Err(PipelineError::Source(SourceError::Io(err)));
         }
         done_rx.await.unwrap_or_else(|_| {
-            Err(SourceError::Protocol(
-                "the source thread ended without a result (it panicked)".into(),
-            ))
+            Err(PipelineError::Panicked {
+                stage: "source",
+                message: "the source thread ended without a result".into(),
+            })
         })
     })
 }
 
-/// ±20 % of `delay`, so that many pipelines retrying the same destination
-/// do not retry in step.
-fn jitter(delay: Duration) -> Duration {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    let factor = 0.8 + f64::from(nanos % 1000) / 2500.0;
-    delay.mul_f64(factor)
+/// What a task's panic said (for [`PipelineError::Panicked`]).
+pub(crate) fn panic_message(err: tokio::task::JoinError) -> String {
+    match err.try_into_panic() {
+        Ok(payload) => payload_message(payload.as_ref()),
+        Err(err) => err.to_string(),
+    }
+}
+
+/// The text of a panic's payload, when it has one.
+fn payload_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(text) = payload.downcast_ref::<&str>() {
+        (*text).to_owned()
+    } else if let Some(text) = payload.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "a panic without a message".to_owned()
+    }
 }
 
 /// The transform stage: a thread that runs the chain on each batch, and
@@ -710,10 +749,10 @@ fn jitter(delay: Duration) -> Duration {
 fn spawn_transforms(
     name: &str,
     active: &Arc<ActiveChain>,
-    resume_after: source::Lsn,
-    mut input: budget::Receiver<Batch>,
-    output: budget::Sender<Staged>,
-    limits: source::assembler::BatchLimits,
+    resume_after: crate::event::Lsn,
+    mut input: channel::Receiver<Batch>,
+    output: channel::Sender<Staged>,
+    limits: crate::event::BatchLimits,
     counters: &Arc<PipelineStats>,
 ) -> std::thread::JoinHandle<()> {
     let active = active.clone();
@@ -759,7 +798,7 @@ fn spawn_transforms(
                     }
                     between = batch.txn.last;
                     if batch.txn.last {
-                        boundary = source::Lsn(batch.txn.end_lsn);
+                        boundary = crate::event::Lsn(batch.txn.end_lsn);
                     }
                     let bytes = batch.cost(limits);
                     let staged = if empty {
@@ -826,7 +865,7 @@ async fn handle_failure(
     error: Failure,
 ) -> Result<(), PipelineError> {
     let name = &config.name;
-    let commit_lsn = source::Lsn(batch.txn.commit_lsn);
+    let commit_lsn = crate::event::Lsn(batch.txn.commit_lsn);
     let what = match error {
         Failure::Module(_) => "module failed",
         Failure::Sink(_) => "sink refused the batch",
@@ -904,7 +943,9 @@ mod tests {
             Err(SourceError::Protocol("told to fail".into()))
         });
         match failed.await {
-            Ok(Err(SourceError::Protocol(message))) => assert_eq!(message, "told to fail"),
+            Ok(Err(PipelineError::Source(SourceError::Protocol(message)))) => {
+                assert_eq!(message, "told to fail")
+            }
             other => panic!("{other:?}"),
         }
 
@@ -912,8 +953,9 @@ mod tests {
             panic!("a bug in the source");
         });
         match panicked.await {
-            Ok(Err(SourceError::Protocol(message))) => {
-                assert!(message.contains("panicked"), "{message}")
+            Ok(Err(PipelineError::Panicked { stage, message })) => {
+                assert_eq!(stage, "source");
+                assert_eq!(message, "a bug in the source");
             }
             other => panic!("{other:?}"),
         }

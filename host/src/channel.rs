@@ -14,16 +14,6 @@ use std::sync::Arc;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
-/// What a batch of `rows` changes and `bytes` bytes counts against a budget:
-/// its bytes, but at least its share of a full batch by rows, so that a
-/// batch at the row limit costs as much as one at the byte limit (row data
-/// in memory is several times its wire size) and a budget of `n` full
-/// batches holds `n` of them, whichever limit they reached.
-pub fn cost(bytes: usize, rows: usize, limits: crate::source::assembler::BatchLimits) -> usize {
-    let per_row = limits.max_bytes / limits.max_rows.max(1);
-    bytes.max(rows.saturating_mul(per_row))
-}
-
 /// A channel of at most `count` items and `bytes` declared bytes.
 pub fn channel<T>(count: usize, bytes: usize) -> (Sender<T>, Receiver<T>) {
     let (tx, rx) = mpsc::channel(count.max(1));

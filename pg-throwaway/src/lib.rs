@@ -43,8 +43,17 @@ use std::time::{Duration, Instant, SystemTime};
 
 use nix::sys::signal::{self, Signal};
 
-pub use crate::source::replication::{quote_ident, quote_literal};
 use nix::unistd::{Gid, Pid, Uid, User};
+
+/// `name` as an SQL identifier, quoted.
+pub fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// `text` as an SQL string literal, quoted (`standard_conforming_strings`).
+pub fn quote_literal(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
 
 /// Bump when the template's `initdb` arguments, `pg_hba.conf` or setup SQL
 /// change, so that stale cached templates are not reused.
@@ -120,6 +129,7 @@ pub enum HarnessError {
         output: String,
     },
     /// The throwaway CA or server certificate could not be made.
+    #[cfg(feature = "tls")]
     #[error("generating the throwaway TLS certificates ({what}): {source}")]
     Certificate {
         /// Which step failed.
@@ -393,6 +403,7 @@ pub struct Builder {
     settings: BTreeMap<String, String>,
     handle_signals: bool,
     base_dir: Option<PathBuf>,
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
     ssl: bool,
 }
 
@@ -449,7 +460,9 @@ impl Builder {
     /// Whether the server accepts TLS (off by default). On: a CA and a
     /// server certificate for `localhost`, `127.0.0.1` and `::1` are made for
     /// this cluster alone, and it starts with `ssl=on`; clients verify it
-    /// with [`Cluster::ca_cert`] (e.g. `sslmode=verify-full`).
+    /// with [`Cluster::ca_cert`] (e.g. `sslmode=verify-full`). Needs the
+    /// `tls` feature.
+    #[cfg(feature = "tls")]
     pub fn ssl(mut self, on: bool) -> Builder {
         self.ssl = on;
         self
@@ -478,7 +491,9 @@ impl Builder {
             settings: BTreeMap::new(),
         };
         copy_dir(&template.join("data"), &cluster.data_dir())?;
+        #[allow(unused_mut)]
         let mut settings = self.settings;
+        #[cfg(feature = "tls")]
         if self.ssl {
             cluster.ca_cert = Some(install_certificates(
                 &cluster.root,
@@ -950,6 +965,7 @@ fn create_root(base: &Path, run_as: Option<&RunAs>) -> Result<PathBuf> {
 /// `ssl=on` looks for it (`server.crt`, `server.key` in the data directory,
 /// the key private to the server's user as PostgreSQL insists) and the CA
 /// to `ca.crt` in the cluster's root. Returns the CA's path.
+#[cfg(feature = "tls")]
 fn install_certificates(root: &Path, data: &Path, run_as: Option<&RunAs>) -> Result<PathBuf> {
     use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
     let failed = |what: &'static str| move |source| HarnessError::Certificate { what, source };

@@ -1,6 +1,6 @@
 //! `datum demo`: the whole product on a throwaway PostgreSQL, in one command.
 //!
-//! Owns the demo's story: start a cluster with [`crate::throwaway`], create
+//! Owns the demo's story: start a cluster with [`pg_throwaway`], create
 //! a small shop schema (customers, orders), run a writer that makes a steady
 //! mix of inserts, updates and deletes, and stream it through the
 //! `mask_pii` example module into the `stdout` sink's readable view, which
@@ -21,9 +21,9 @@ use tokio::sync::{oneshot, watch};
 
 use crate::checkpoint::Store;
 use crate::config::Config;
-use crate::pipeline::{self, PipelineError};
-use crate::run::{Prepared, StartError};
-use crate::throwaway::{Cluster, HarnessError};
+use crate::daemon::pipeline::{self, PipelineError};
+use crate::daemon::{Prepared, StartError};
+use pg_throwaway::{Cluster, HarnessError};
 
 /// The module the demo runs, as built by `cargo build --release --target
 /// wasm32-wasip1 -p example-mask_pii` in the source tree `datum` came from.
@@ -121,6 +121,12 @@ CREATE TABLE orders (
     status      text NOT NULL DEFAULT 'new'
 );";
 
+/// `datum demo`: until SIGINT or SIGTERM, or `options.duration`.
+pub fn command(options: Options) -> Result<super::Outcome, super::CommandError> {
+    super::block_on(run(options, super::signalled()))??;
+    Ok(super::Outcome::Success)
+}
+
 /// Runs the demo until `stop` completes or `options.duration` passes.
 /// Writes the demo's own lines and the sink's view to standard output.
 pub async fn run(
@@ -202,7 +208,7 @@ async fn demo(
     let toml = config_text(cluster, module, options.color);
     let config = Config::parse(&toml)
         .map_err(|e| DemoError::Other(format!("the demo's configuration: {e}")))?;
-    let mut prepared = crate::run::prepare(&config).await?;
+    let mut prepared = crate::daemon::prepare(&config).await?;
     let Prepared {
         config: pipeline_config,
         sink,
@@ -416,7 +422,7 @@ async fn step(client: &tokio_postgres::Client, rng: &mut Rng) -> Result<bool, De
 }
 
 fn lit(text: &str) -> String {
-    crate::throwaway::quote_literal(text)
+    pg_throwaway::quote_literal(text)
 }
 
 /// A small generator seeded from the clock: the demo need not repeat.

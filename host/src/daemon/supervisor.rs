@@ -1,0 +1,340 @@
+//! The lives of a host's pipelines: each runs independently (one failing
+//! stops only itself) under a supervisor that pauses and resumes it on
+//! request ([`PipelineControl`], what the admin API drives); shutdown reaches
+//! all of them, and the host ends when the last one has.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{oneshot, watch};
+use tracing::Instrument;
+
+use crate::checkpoint::Store;
+use crate::event::Lsn;
+use crate::sink::AnySink;
+use crate::source::stream::SourceStats;
+
+use super::hotswap::ActiveChain;
+use super::pipeline::{self, Handles, PipelineConfig, PipelineError, PipelineStats};
+use super::prepare::Prepared;
+
+/// How each pipeline ended.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// `(pipeline, outcome)`, in configuration order.
+    pub pipelines: Vec<(String, Result<(), PipelineError>)>,
+}
+
+impl Report {
+    /// Whether every pipeline stopped cleanly.
+    pub fn ok(&self) -> bool {
+        self.pipelines.iter().all(|(_, r)| r.is_ok())
+    }
+}
+
+/// Where a pipeline is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PipelineState {
+    /// Connecting, preparing the slot.
+    Starting,
+    /// Streaming.
+    Running,
+    /// Paused on request: drained, checkpointed, disconnected.
+    Paused,
+    /// Stopped by an error (see the last error).
+    Failed,
+    /// Stopped by shutdown.
+    Stopped,
+}
+
+impl PipelineState {
+    /// The name the API and metrics use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PipelineState::Starting => "starting",
+            PipelineState::Running => "running",
+            PipelineState::Paused => "paused",
+            PipelineState::Failed => "failed",
+            PipelineState::Stopped => "stopped",
+        }
+    }
+}
+
+/// Rates over the last sampling interval, and since when nothing waited.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    at: Instant,
+    batches: u64,
+    changes: u64,
+    batches_per_second: f64,
+    changes_per_second: f64,
+    caught_up_at: Instant,
+}
+
+/// A running pipeline, as the admin API sees and drives it.
+#[derive(Debug)]
+pub struct PipelineControl {
+    /// The pipeline's name.
+    pub name: String,
+    /// The modules in force.
+    pub chain: Arc<ActiveChain>,
+    /// The source's counters, across pauses.
+    pub source_stats: Arc<SourceStats>,
+    /// The pipeline's counters, across pauses.
+    pub stats: Arc<PipelineStats>,
+    state: watch::Sender<PipelineState>,
+    pause: watch::Sender<bool>,
+    handles: Mutex<Option<Handles>>,
+    sample: Mutex<Sample>,
+}
+
+impl PipelineControl {
+    fn new(config: &PipelineConfig) -> Arc<PipelineControl> {
+        let now = Instant::now();
+        let chain = config
+            .chain
+            .clone()
+            .unwrap_or_else(|| ActiveChain::new(Vec::new(), Lsn::ZERO));
+        Arc::new(PipelineControl {
+            name: config.name.clone(),
+            chain,
+            source_stats: config.source_stats.clone(),
+            stats: config.stats.clone(),
+            state: watch::channel(PipelineState::Starting).0,
+            pause: watch::channel(false).0,
+            handles: Mutex::new(None),
+            sample: Mutex::new(Sample {
+                at: now,
+                batches: 0,
+                changes: 0,
+                batches_per_second: 0.0,
+                changes_per_second: 0.0,
+                caught_up_at: now,
+            }),
+        })
+    }
+
+    /// The state now.
+    pub fn state(&self) -> PipelineState {
+        *self.state.borrow()
+    }
+
+    /// The current run's handles (None while paused or stopped).
+    pub fn handles(&self) -> Option<Handles> {
+        self.handles
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Asks the pipeline to pause; returns once it has (or has ended).
+    pub async fn pause(&self) -> PipelineState {
+        self.pause.send_replace(true);
+        let mut state = self.state.subscribe();
+        let _ = state
+            .wait_for(|s| {
+                matches!(
+                    s,
+                    PipelineState::Paused | PipelineState::Failed | PipelineState::Stopped
+                )
+            })
+            .await;
+        self.state()
+    }
+
+    /// Asks a paused pipeline to resume; returns once it streams again (or
+    /// has ended). `Err` with the state if it cannot resume.
+    pub async fn resume(&self) -> Result<PipelineState, PipelineState> {
+        let now = self.state();
+        if matches!(now, PipelineState::Failed | PipelineState::Stopped) {
+            return Err(now);
+        }
+        self.pause.send_replace(false);
+        let mut state = self.state.subscribe();
+        let _ = state
+            .wait_for(|s| {
+                matches!(
+                    s,
+                    PipelineState::Running | PipelineState::Failed | PipelineState::Stopped
+                )
+            })
+            .await;
+        Ok(self.state())
+    }
+
+    /// Rates (batches/s, changes/s) and seconds changes have waited.
+    pub fn rates(&self) -> (f64, f64, f64) {
+        let sample = *self.sample.lock().unwrap_or_else(|p| p.into_inner());
+        let waiting = match self.handles() {
+            Some(h) if !h.feedback.idle() => sample.caught_up_at.elapsed().as_secs_f64(),
+            _ => 0.0,
+        };
+        (
+            sample.batches_per_second,
+            sample.changes_per_second,
+            waiting,
+        )
+    }
+
+    /// Samples the counters (called every second).
+    fn tick(&self) {
+        let now = Instant::now();
+        let batches = self.stats.batches_written.load(Ordering::Relaxed);
+        let changes = self.stats.changes_written.load(Ordering::Relaxed);
+        let idle = self.handles().is_none_or(|h| h.feedback.idle());
+        let mut sample = self.sample.lock().unwrap_or_else(|p| p.into_inner());
+        let secs = now.duration_since(sample.at).as_secs_f64().max(1e-3);
+        sample.batches_per_second = batches.saturating_sub(sample.batches) as f64 / secs;
+        sample.changes_per_second = changes.saturating_sub(sample.changes) as f64 / secs;
+        sample.batches = batches;
+        sample.changes = changes;
+        sample.at = now;
+        if idle {
+            sample.caught_up_at = now;
+        }
+    }
+
+    fn set_state(&self, state: PipelineState) {
+        self.state.send_replace(state);
+    }
+}
+
+/// Runs one pipeline until `stop`, pausing and resuming it on request.
+async fn supervise(
+    control: Arc<PipelineControl>,
+    config: PipelineConfig,
+    store: Arc<Store>,
+    mut sink: AnySink,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), PipelineError> {
+    let mut pause = control.pause.subscribe();
+    loop {
+        if *pause.borrow() {
+            control.set_state(PipelineState::Paused);
+            tracing::info!("paused");
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => {
+                    control.set_state(PipelineState::Stopped);
+                    return Ok(());
+                }
+                _ = pause.wait_for(|p| !*p) => {}
+            }
+            tracing::info!("resuming");
+        }
+        if *stop.borrow() {
+            control.set_state(PipelineState::Stopped);
+            return Ok(());
+        }
+        control.set_state(PipelineState::Starting);
+        let (started_tx, started_rx) = oneshot::channel();
+        let (mut stop_rx, mut pause_rx) = (stop.clone(), pause.clone());
+        let shutdown = async move {
+            tokio::select! {
+                _ = stop_rx.wait_for(|s| *s) => {}
+                _ = pause_rx.wait_for(|p| *p) => {}
+            }
+        };
+        let started = async {
+            if let Ok(handles) = started_rx.await {
+                *control.handles.lock().unwrap_or_else(|p| p.into_inner()) = Some(handles);
+                control.set_state(PipelineState::Running);
+            }
+        };
+        let run = pipeline::run(
+            config.clone(),
+            store.clone(),
+            &mut sink,
+            Some(started_tx),
+            shutdown,
+        );
+        let (outcome, ()) = tokio::join!(run, started);
+        *control.handles.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        if let Err(err) = outcome {
+            control.stats.record_error(err.to_string());
+            control.set_state(PipelineState::Failed);
+            return Err(err);
+        }
+        if *stop.borrow() || !*pause.borrow() {
+            // Stopped by shutdown, or ended by itself (its sink's reader
+            // went away): not to be restarted.
+            control.set_state(PipelineState::Stopped);
+            return Ok(());
+        }
+    }
+}
+
+/// Every pipeline of a host, each under its supervisor, and the sampler
+/// of their rates.
+#[derive(Debug)]
+pub struct Supervisors {
+    controls: Vec<Arc<PipelineControl>>,
+    tasks: Vec<(String, tokio::task::JoinHandle<Result<(), PipelineError>>)>,
+    sampler: tokio::task::JoinHandle<()>,
+}
+
+impl Supervisors {
+    /// Starts every pipeline; each runs until `stop` turns true.
+    pub fn start(
+        prepared: Vec<Prepared>,
+        store: &Arc<Store>,
+        stop: &watch::Receiver<bool>,
+    ) -> Supervisors {
+        let mut tasks = Vec::new();
+        let mut controls = Vec::new();
+        for Prepared { config, sink } in prepared {
+            let name = config.name.clone();
+            let control = PipelineControl::new(&config);
+            controls.push(control.clone());
+            let span = tracing::info_span!("pipeline", pipeline = %name);
+            let task = tokio::spawn(
+                supervise(control, config, store.clone(), sink, stop.clone()).instrument(span),
+            );
+            tasks.push((name, task));
+        }
+        let sampler = {
+            let controls = controls.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_secs(1));
+                loop {
+                    tick.tick().await;
+                    for control in &controls {
+                        control.tick();
+                    }
+                }
+            })
+        };
+        Supervisors {
+            controls,
+            tasks,
+            sampler,
+        }
+    }
+
+    /// What the admin API drives: one control per pipeline.
+    pub fn controls(&self) -> Vec<Arc<PipelineControl>> {
+        self.controls.clone()
+    }
+
+    /// Waits until every pipeline has ended; how each did.
+    pub async fn wait(self) -> Report {
+        let mut report = Report::default();
+        for (name, task) in self.tasks {
+            let outcome = match task.await {
+                Ok(outcome) => outcome,
+                Err(err) => Err(PipelineError::Panicked {
+                    stage: "pipeline",
+                    message: super::pipeline::panic_message(err),
+                }),
+            };
+            match &outcome {
+                Ok(()) => tracing::info!(pipeline = %name, "pipeline ended"),
+                Err(err) => tracing::error!(pipeline = %name, error = %err, "pipeline failed"),
+            }
+            report.pipelines.push((name, outcome));
+        }
+        self.sampler.abort();
+        report
+    }
+}

@@ -1,0 +1,20 @@
+//! PostgreSQL primitives that every part speaking to a server shares: the
+//! source, the `postgres` sink, `datum check` and `datum record` —
+//! connection strings in libpq syntax, TLS with `sslmode`'s meaning, opening
+//! an ordinary SQL connection, quoting, and what errors mean.
+//!
+//! It knows nothing of replication (the source's protocol is in
+//! `source/replication.rs`) nor of Datum's own errors: each caller maps
+//! [`ConnectError`] into its own.
+
+mod connect;
+pub mod conninfo;
+mod error;
+mod quote;
+pub mod tls;
+
+pub use connect::{ConnectError, connect};
+pub use conninfo::{ConnInfo, ConnInfoError, Host, SslMode};
+pub use error::{error_chain, transient_sqlstate};
+pub use quote::{quote_ident, quote_literal};
+pub use tls::TlsError;

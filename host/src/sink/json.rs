@@ -1,0 +1,221 @@
+//! The sinks' JSON form of a transformed change, written straight from the
+//! source's rows when the change is one of them.
+
+use datum_guest::wire::{Op, Value};
+use serde::ser::SerializeMap;
+use serde::{Serialize, Serializer};
+
+use crate::event::json::{ChangeJson, ColumnsForm, ValueJson};
+
+/// A change of a transformed batch in the sinks' JSON form: what
+/// `ChangeJson { columns: ColumnsForm::KeyOnly }` writes for its wire form,
+/// written straight from the source's rows when the change is one (no copy
+/// of names or values per row: this is the sinks' hot path).
+#[derive(Debug)]
+pub struct SinkChangeJson<'a>(pub crate::transform::encode::ChangeRef<'a>);
+
+impl Serialize for SinkChangeJson<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use crate::event::Change as Source;
+        use crate::transform::encode::ChangeRef;
+        let (op, relation, old, new) = match self.0 {
+            ChangeRef::Wire(change) => {
+                return ChangeJson {
+                    change,
+                    columns: ColumnsForm::KeyOnly,
+                }
+                .serialize(serializer);
+            }
+            ChangeRef::Source(Source::Insert { relation, new }) => {
+                (Op::Insert, relation, None, Some(new))
+            }
+            ChangeRef::Source(Source::Update { relation, old, new }) => {
+                (Op::Update, relation, old.as_ref(), Some(new))
+            }
+            ChangeRef::Source(Source::Delete { relation, old }) => {
+                (Op::Delete, relation, Some(old), None)
+            }
+            ChangeRef::Source(other) => {
+                return ChangeJson {
+                    change: &crate::transform::encode::to_wire(other),
+                    columns: ColumnsForm::KeyOnly,
+                }
+                .serialize(serializer);
+            }
+        };
+        struct Key<'a>(&'a [crate::event::Column]);
+        impl Serialize for Key<'_> {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.collect_seq(self.0.iter().filter(|c| c.key).map(|c| &c.name))
+            }
+        }
+        struct Fields<'a> {
+            columns: &'a [crate::event::Column],
+            values: &'a [Value],
+            key_only: bool,
+        }
+        impl Serialize for Fields<'_> {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                let mut map = serializer.serialize_map(None)?;
+                for (column, value) in self.columns.iter().zip(self.values) {
+                    if !self.key_only || column.key {
+                        map.serialize_entry(&column.name, &ValueJson(value))?;
+                    }
+                }
+                map.end()
+            }
+        }
+        let mut map = serializer.serialize_map(None)?;
+        map.serialize_entry("op", &op)?;
+        if !(relation.schema.is_empty() && relation.table.is_empty()) {
+            map.serialize_entry("schema", &relation.schema)?;
+            map.serialize_entry("table", &relation.table)?;
+        }
+        if !relation.columns.is_empty() {
+            map.serialize_entry("key", &Key(&relation.columns))?;
+        }
+        if let Some(old) = old {
+            map.serialize_entry(
+                "old",
+                &Fields {
+                    columns: &relation.columns,
+                    values: &old.values,
+                    key_only: old.key_only,
+                },
+            )?;
+        }
+        if let Some(new) = new {
+            map.serialize_entry(
+                "new",
+                &Fields {
+                    columns: &relation.columns,
+                    values: new,
+                    key_only: false,
+                },
+            )?;
+        }
+        map.end()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn source_changes_render_exactly_as_their_wire_form() {
+        use crate::event::{self, Lsn, OldRow, ReplicaIdentity};
+        use crate::transform::encode::{ChangeRef, to_wire};
+        use datum_guest::wire::Timestamp;
+        use std::sync::Arc;
+        let column = |name: &str, type_name: &str, key| event::Column::new(name, type_name, key);
+        let relation = Arc::new(event::Relation {
+            oid: 7,
+            schema: "sales \"eu\"".into(),
+            table: "orders".into(),
+            replica_identity: ReplicaIdentity::Default,
+            columns: vec![
+                column("id", "int8", true),
+                column("region", "text", true),
+                column("note", "text", false),
+                column("amount", "numeric", false),
+                column("tags", "_text", false),
+                column("at", "timestamptz", false),
+                column("raw", "bytea", false),
+                column("doc", "jsonb", false),
+                column("ratio", "float8", false),
+            ],
+        });
+        let row = vec![
+            Value::Int(-42),
+            Value::Text("eu-west".into()),
+            Value::Text("line\nbreak \"quoted\" \u{1F600} \\".into()),
+            Value::Numeric("12345.670".into()),
+            Value::Array(vec![Value::Text("a".into()), Value::Null]),
+            Value::TimestampTz(Timestamp::Micros(1_000_000_123)),
+            Value::Bytes(vec![0, 0xff, 0x10]),
+            Value::Json("{\"a\":[1,2]}".into()),
+            Value::Float(f64::NAN),
+        ];
+        let mut toasted = row.clone();
+        toasted[2] = Value::Unchanged;
+        let key = vec![
+            Value::Int(-42),
+            Value::Text("eu-west".into()),
+            Value::Null,
+            Value::Null,
+            Value::Null,
+            Value::Null,
+            Value::Null,
+            Value::Null,
+            Value::Null,
+        ];
+        let no_columns = Arc::new(event::Relation {
+            columns: Vec::new(),
+            ..(*relation).clone()
+        });
+        let changes = [
+            event::Change::Insert {
+                relation: relation.clone(),
+                new: row.clone(),
+            },
+            event::Change::Update {
+                relation: relation.clone(),
+                old: None,
+                new: toasted,
+            },
+            event::Change::Update {
+                relation: relation.clone(),
+                old: Some(OldRow {
+                    key_only: true,
+                    values: key.clone(),
+                }),
+                new: row.clone(),
+            },
+            event::Change::Update {
+                relation: relation.clone(),
+                old: Some(OldRow {
+                    key_only: false,
+                    values: row.clone(),
+                }),
+                new: row.clone(),
+            },
+            event::Change::Delete {
+                relation: relation.clone(),
+                old: OldRow {
+                    key_only: true,
+                    values: key,
+                },
+            },
+            event::Change::Insert {
+                relation: no_columns,
+                new: Vec::new(),
+            },
+            event::Change::Truncate {
+                relations: vec![relation.clone()],
+                cascade: true,
+                restart_identity: false,
+            },
+            event::Change::Message {
+                transactional: true,
+                lsn: Lsn(5),
+                prefix: "p".into(),
+                content: b"hello".to_vec(),
+            },
+        ];
+        for change in &changes {
+            let fast = serde_json::to_string(&SinkChangeJson(ChangeRef::Source(change)))
+                .expect("serialize");
+            let wire = to_wire(change);
+            let slow = serde_json::to_string(&ChangeJson {
+                change: &wire,
+                columns: ColumnsForm::KeyOnly,
+            })
+            .expect("serialize");
+            assert_eq!(fast, slow, "{change:?}");
+            let via_wire =
+                serde_json::to_string(&SinkChangeJson(ChangeRef::Wire(&wire))).expect("serialize");
+            assert_eq!(via_wire, slow);
+        }
+    }
+}
