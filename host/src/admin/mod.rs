@@ -207,28 +207,45 @@ pub async fn serve(
     Ok(tokio::spawn(accept(listener, router, limits, stop)))
 }
 
-/// The shortest token accepted for a non-loopback listen.
+/// The fewest bytes of entropy a token needs for a non-loopback listen.
 const MIN_TOKEN_BYTES: usize = 32;
 
 /// Why `token` is too weak to guard a non-loopback listen, if it is: fewer
-/// than [`MIN_TOKEN_BYTES`] bytes, or so repetitive that its length says
-/// little (one piece repeated, fewer than 8 distinct characters, or under
-/// 128 bits by its own character frequencies). Never quotes the token.
+/// than [`MIN_TOKEN_BYTES`] bytes of entropy, or so repetitive that its
+/// length says little. Entropy is estimated from the alphabet the token
+/// draws on — 16 symbols for hex, else the classes it uses (digits, lower
+/// case, upper case, punctuation) — times its length, and capped by its own
+/// character frequencies: `openssl rand -hex 32` (64 hex digits, 256 bits)
+/// and `openssl rand -base64 32` pass; 32 hex digits (128 bits) do not.
+/// Never quotes the token.
 fn strong_enough(token: &str) -> Result<(), String> {
     let bytes = token.as_bytes();
-    if bytes.len() < MIN_TOKEN_BYTES {
-        return Err(format!(
-            "it is {} bytes; a token needs at least {MIN_TOKEN_BYTES} bytes",
-            bytes.len()
-        ));
-    }
+    let needed = MIN_TOKEN_BYTES * 8;
+    let hex = !bytes.is_empty() && bytes.iter().all(u8::is_ascii_hexdigit);
+    let alphabet: usize = if hex {
+        16
+    } else {
+        type Class = (fn(&u8) -> bool, usize);
+        let classes: [Class; 4] = [
+            (u8::is_ascii_digit, 10),
+            (u8::is_ascii_lowercase, 26),
+            (u8::is_ascii_uppercase, 26),
+            (|b: &u8| !b.is_ascii_alphanumeric(), 32),
+        ];
+        classes
+            .iter()
+            .filter(|(class, _)| bytes.iter().any(class))
+            .map(|(_, size)| size)
+            .sum()
+    };
+    let by_alphabet = bytes.len() as f64 * (alphabet.max(1) as f64).log2();
     let mut counts = [0usize; 256];
     for &b in bytes {
         counts[usize::from(b)] += 1;
     }
     let distinct = counts.iter().filter(|&&c| c > 0).count();
     let n = bytes.len() as f64;
-    let bits: f64 = counts
+    let by_frequency: f64 = counts
         .iter()
         .filter(|&&c| c > 0)
         .map(|&c| {
@@ -239,12 +256,15 @@ fn strong_enough(token: &str) -> Result<(), String> {
     let repeated = (1..=bytes.len() / 2).any(|period| {
         bytes.len().is_multiple_of(period) && bytes.chunks(period).all(|c| c == &bytes[..period])
     });
-    if repeated || distinct < 8 || bits < 128.0 {
+    // A little slack: 43 base64url characters carry 256 bits, and a random
+    // one may happen to use one class fewer.
+    let enough = by_alphabet >= needed as f64 * 0.98;
+    if repeated || distinct < 8 || by_frequency < needed as f64 / 2.0 || !enough {
         return Err(format!(
-            "its {} bytes are too repetitive ({distinct} distinct characters, about {} bits); \
-             a token needs at least {MIN_TOKEN_BYTES} bytes of random data",
+            "it carries about {} bits ({} bytes, {distinct} distinct characters); a token \
+             needs at least {MIN_TOKEN_BYTES} bytes ({needed} bits) of random data",
+            by_alphabet.min(by_frequency * 2.0) as u64,
             bytes.len(),
-            bits as u64
         ));
     }
     Ok(())
@@ -1326,6 +1346,10 @@ mod tests {
             "",
             "s3cret",
             "0123456789abcdef0123456789abcde",
+            // 32 hex digits: 16 bytes of entropy, not 32.
+            "9f86d081884c7d659a2feaa0c55ad015",
+            // 32 random-looking letters and digits: about 190 bits.
+            "q7Rk2mZx9LpW4vNc8TbY1sHd6GfJ3aEu",
             &"a".repeat(64),
             &"ab".repeat(32),
             &"abcd".repeat(16),

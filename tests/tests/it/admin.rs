@@ -1653,6 +1653,10 @@ async fn a_weak_token_is_refused_for_a_non_loopback_listen() {
         ("31 bytes", "x".repeat(31)),
         ("one repeated character", "a".repeat(64)),
         ("two characters", "ab".repeat(32)),
+        (
+            "32 hex digits (16 bytes of entropy)",
+            "9f86d081884c7d659a2feaa0c55ad015".to_owned(),
+        ),
     ] {
         match serve_alone(
             &dir,
