@@ -1003,6 +1003,7 @@ fn install_certificates(root: &Path, data: &Path, run_as: Option<&RunAs>) -> Res
 }
 
 /// Writes a new file with `mode`, owned by the server's user.
+#[cfg(feature = "tls")]
 fn write_private(path: &Path, contents: &str, mode: u32, run_as: Option<&RunAs>) -> Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     let mut file = OpenOptions::new()

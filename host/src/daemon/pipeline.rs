@@ -23,7 +23,9 @@
 //! stops the source, drains what is in flight within `drain_timeout`,
 //! commits the checkpoint and returns.
 
+use std::collections::VecDeque;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -254,19 +256,75 @@ enum Staged {
 
 /// Runs the pipeline until `shutdown` completes or it fails definitely.
 /// `started` receives the pipeline's handles once streaming begins.
+///
+/// Three steps: find where to resume ([`start_position`]), start the
+/// stages ([`Stages::start`]) and deliver what they produce to the sink
+/// ([`Delivery::run`]), then stop the stages within the drain deadline
+/// ([`Stages::stop`]).
 pub async fn run<S: Sink>(
     config: PipelineConfig,
     store: Arc<Store>,
-    mut sink: S,
+    sink: S,
     started: Option<tokio::sync::oneshot::Sender<Handles>>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), PipelineError> {
-    let name = config.name.clone();
     let mut shutdown = std::pin::pin!(shutdown);
-    let checkpoint = store.offset(&name)?;
-    let Some(prepared) = prepare_source(&config, &store, checkpoint, shutdown.as_mut()).await?
-    else {
+    let Some(offset) = start_position(&config, &store, shutdown.as_mut()).await? else {
         return Ok(());
+    };
+    let chain = active_chain(&config, offset);
+    tracing::info!(pipeline = %config.name, resume_after = %offset.end_lsn, modules = chain.info().len(), "pipeline starting");
+
+    let (mut stages, staged) = Stages::start(&config, &store, &chain, offset);
+    let (replay_tx, replays) = mpsc::channel::<Replay>(1);
+    if let Some(started) = started {
+        let _ = started.send(Handles {
+            feedback: stages.feedback.clone(),
+            stats: config.source_stats.clone(),
+            pipeline: config.stats.clone(),
+            chain: chain.clone(),
+            replay: replay_tx,
+        });
+    }
+    let mut delivery = Delivery {
+        config: &config,
+        store: &store,
+        chain: &chain,
+        feedback: &stages.feedback,
+        counters: &config.stats,
+        sink,
+        staged,
+        replays,
+        queue: VecDeque::new(),
+        singly: 0,
+        deadline: None,
+    };
+    let outcome = delivery
+        .run(
+            shutdown.as_mut(),
+            &stages.stop_source,
+            &mut stages.source_task,
+        )
+        .await;
+    let deadline = delivery.deadline;
+    // The transform thread ends once nothing reads what it produces.
+    drop(delivery);
+    stages.stop(&config, deadline, outcome).await
+}
+
+/// Where the pipeline resumes: its checkpoint, once the source is prepared
+/// (which retries while the server cannot be reached). A slot the state
+/// file has never heard of is refused unless `adopt_slot`; a recreated slot
+/// starts over. `None`: shutdown came first.
+async fn start_position(
+    config: &PipelineConfig,
+    store: &Store,
+    shutdown: Pin<&mut impl Future<Output = ()>>,
+) -> Result<Option<Offset>, PipelineError> {
+    let name = &config.name;
+    let checkpoint = store.offset(name)?;
+    let Some(prepared) = prepare_source(config, store, checkpoint, shutdown).await? else {
+        return Ok(None);
     };
     if checkpoint.is_none() && !prepared.created_slot {
         // The slot exists, but the state file has never heard of this
@@ -280,15 +338,21 @@ pub async fn run<S: Sink>(
             });
         }
         tracing::warn!(pipeline = %name, slot = %config.source.slot, confirmed = ?prepared.confirmed_flush, "adopting the existing slot: streaming from its position (adopt_slot = true)");
-        store.commit_offset(&name, Offset::default())?;
+        store.commit_offset(name, Offset::default())?;
     }
     let mut offset = checkpoint.unwrap_or_default();
     if prepared.resync_needed {
         tracing::warn!(pipeline = %name, "the slot was recreated: resynchronise the target");
         offset = Offset::default();
-        store.reset_offset(&name, offset)?;
+        store.reset_offset(name, offset)?;
     }
-    let chain = match &config.chain {
+    Ok(Some(offset))
+}
+
+/// The modules in force: the hot-swappable chain the configuration brings,
+/// or one made from its modules outside the registry (version 0).
+fn active_chain(config: &PipelineConfig, offset: Offset) -> Arc<ActiveChain> {
+    match &config.chain {
         Some(chain) => chain.clone(),
         None => ActiveChain::new(
             config
@@ -305,311 +369,437 @@ pub async fn run<S: Sink>(
                 .collect(),
             offset.end_lsn,
         ),
-    };
-    tracing::info!(pipeline = %name, resume_after = %offset.end_lsn, modules = chain.info().len(), "pipeline starting");
+    }
+}
 
-    let feedback = Feedback::new(offset);
-    let stats = config.source_stats.clone();
-    let counters = config.stats.clone();
-    let (stop_source, source_stopped) = watch::channel(false);
-    let (stop_commits, commits_stopped) = watch::channel(false);
-    let (settle_source, source_settled) = watch::channel(false);
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
-    let failures = counters.clone();
-    let committer = tokio::spawn(commit::commit_loop(
-        store.clone(),
-        name.clone(),
-        feedback.clone(),
-        config.commit,
-        move |err| failures.record_error(format!("checkpoint: {err}")),
-        stopped(commits_stopped),
-    ));
-    // Each channel holds `in_flight` batches' worth of bytes (at the
-    // source's batch limit) rather than `in_flight` batches: small
-    // transactions queue up while a stage is busy and are then taken in one
-    // go — the sink writes them as one group, one fsync.
-    let capacity = config.channel_capacity.max(1);
-    let limits = config.source.limits;
-    let bytes = capacity.saturating_mul(limits.max_bytes.max(1));
-    let (source_tx, source_rx) = channel::channel(capacity * GROUP_MAX_BATCHES, bytes);
-    let (staged_tx, mut staged_rx) = channel::channel(capacity * GROUP_MAX_BATCHES, bytes);
-    let mut source_task = spawn_source(
-        &name,
-        source::stream::run(
-            config.source.clone(),
-            offset.end_lsn,
-            source_tx,
+/// Completes when `rx` says stop.
+async fn stopped(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
+}
+
+/// Sleeps until the drain deadline, if there is one; forever otherwise.
+async fn drain_over(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The stages that run beside the sink: the source (a thread of its own),
+/// the transforms (a thread of their own) and the commit loop (a task),
+/// and the switches that stop them in order.
+struct Stages {
+    feedback: Arc<Feedback>,
+    source_task: tokio::task::JoinHandle<Result<(), PipelineError>>,
+    transformer: std::thread::JoinHandle<()>,
+    committer: tokio::task::JoinHandle<()>,
+    /// Stops the source reading.
+    stop_source: watch::Sender<bool>,
+    /// Makes the commit loop commit what is left and end.
+    stop_commits: watch::Sender<bool>,
+    /// Tells the source the final checkpoint is committed, so it confirms
+    /// it to the slot and closes.
+    settle_source: watch::Sender<bool>,
+}
+
+impl Stages {
+    /// Starts the stages, resuming after `offset`; the receiver of what the
+    /// transforms produce.
+    fn start(
+        config: &PipelineConfig,
+        store: &Arc<Store>,
+        chain: &Arc<ActiveChain>,
+        offset: Offset,
+    ) -> (Stages, channel::Receiver<Staged>) {
+        let name = &config.name;
+        let feedback = Feedback::new(offset);
+        let (stop_source, source_stopped) = watch::channel(false);
+        let (stop_commits, commits_stopped) = watch::channel(false);
+        let (settle_source, source_settled) = watch::channel(false);
+        let failures = config.stats.clone();
+        let committer = tokio::spawn(commit::commit_loop(
+            store.clone(),
+            name.clone(),
             feedback.clone(),
-            stats.clone(),
-            stopped(source_stopped),
-            stopped(source_settled),
-        ),
-    );
-    let transformer = spawn_transforms(
-        &name,
-        &chain,
-        offset.end_lsn,
-        source_rx,
-        staged_tx,
-        limits,
-        &counters,
-    );
-    let (replay_tx, mut replay_rx) = mpsc::channel::<Replay>(1);
-    if let Some(started) = started {
-        let _ = started.send(Handles {
-            feedback: feedback.clone(),
-            stats: stats.clone(),
-            pipeline: counters.clone(),
-            chain: chain.clone(),
-            replay: replay_tx,
-        });
+            config.commit,
+            move |err| failures.record_error(format!("checkpoint: {err}")),
+            stopped(commits_stopped),
+        ));
+        // Each channel holds `in_flight` batches' worth of bytes (at the
+        // source's batch limit) rather than `in_flight` batches: small
+        // transactions queue up while a stage is busy and are then taken in
+        // one go — the sink writes them as one group, one fsync.
+        let capacity = config.channel_capacity.max(1);
+        let limits = config.source.limits;
+        let bytes = capacity.saturating_mul(limits.max_bytes.max(1));
+        let (source_tx, source_rx) = channel::channel(capacity * GROUP_MAX_BATCHES, bytes);
+        let (staged_tx, staged_rx) = channel::channel(capacity * GROUP_MAX_BATCHES, bytes);
+        let source_task = spawn_source(
+            name,
+            source::stream::run(
+                config.source.clone(),
+                offset.end_lsn,
+                source_tx,
+                feedback.clone(),
+                config.source_stats.clone(),
+                stopped(source_stopped),
+                stopped(source_settled),
+            ),
+        );
+        let transformer = spawn_transforms(
+            name,
+            chain,
+            offset.end_lsn,
+            source_rx,
+            staged_tx,
+            limits,
+            &config.stats,
+        );
+        let stages = Stages {
+            feedback,
+            source_task,
+            transformer,
+            committer,
+            stop_source,
+            stop_commits,
+            settle_source,
+        };
+        (stages, staged_rx)
     }
 
-    let mut deadline: Option<tokio::time::Instant> = None;
-    let drain_over = |deadline: Option<tokio::time::Instant>| async move {
-        match deadline {
-            Some(at) => tokio::time::sleep_until(at).await,
-            None => std::future::pending().await,
+    /// Stops reading (if not yet), lets the stages end and commits what the
+    /// sink acknowledged — all before the drain deadline (set by shutdown,
+    /// else `drain_timeout` from now): a module call or a state-file commit
+    /// that does not end must not keep the host from exiting. What is not
+    /// committed by then is delivered again after the next start. The
+    /// source stays connected until the final commit, then confirms it to
+    /// the slot.
+    async fn stop(
+        self,
+        config: &PipelineConfig,
+        deadline: Option<tokio::time::Instant>,
+        outcome: Result<(), PipelineError>,
+    ) -> Result<(), PipelineError> {
+        let Stages {
+            feedback,
+            source_task,
+            transformer,
+            committer,
+            stop_source,
+            stop_commits,
+            settle_source,
+        } = self;
+        let _ = stop_source.send(true);
+        let deadline =
+            deadline.unwrap_or_else(|| tokio::time::Instant::now() + config.drain_timeout);
+        let committer_abort = committer.abort_handle();
+        let mut transforms_panic = None;
+        let teardown = async {
+            if let Ok(Err(payload)) = tokio::task::spawn_blocking(move || transformer.join()).await
+            {
+                transforms_panic = Some(payload_message(payload.as_ref()));
+            }
+            let _ = stop_commits.send(true);
+            let _ = committer.await;
+            let _ = settle_source.send(true);
+            if !source_task.is_finished() {
+                let _ = source_task.await;
+            }
+        };
+        if tokio::time::timeout_at(deadline, teardown).await.is_err() {
+            committer_abort.abort();
+            let checkpoint = feedback.flushed();
+            tracing::error!(pipeline = %config.name, %checkpoint, drain_timeout = ?config.drain_timeout, "the pipeline did not stop within drain_timeout; leaving the rest for the next start");
+            return Err(outcome.err().unwrap_or(PipelineError::DrainTimeout {
+                timeout: config.drain_timeout,
+                checkpoint,
+            }));
         }
-    };
-    // Batches taken from the channel but not yet delivered, and how many at
-    // its front must go one at a time (a group write failed).
-    let mut queue: std::collections::VecDeque<Staged> = std::collections::VecDeque::new();
-    let mut singly = 0usize;
-    let outcome: Result<(), PipelineError> = loop {
-        let staged = if let Some(staged) = queue.pop_front() {
-            Some(staged)
-        } else {
-            tokio::select! {
+        tracing::info!(pipeline = %config.name, checkpoint = %feedback.flushed(), "pipeline stopped");
+        match transforms_panic {
+            // The transform thread's end closed the channel the sink stage
+            // reads, so the outcome does not say why.
+            Some(message) => Err(PipelineError::Panicked {
+                stage: "transforms",
+                message,
+            }),
+            None => outcome,
+        }
+    }
+}
+
+/// The sink stage: transformed batches in commit order to the sink — the
+/// ones waiting together as one group write — with transient failures
+/// retried, definite ones and module failures handed to `on_error`, and
+/// each batch acknowledged to the feedback coordinator once dealt with.
+struct Delivery<'a, S> {
+    config: &'a PipelineConfig,
+    store: &'a Arc<Store>,
+    chain: &'a Arc<ActiveChain>,
+    feedback: &'a Feedback,
+    counters: &'a PipelineStats,
+    sink: S,
+    staged: channel::Receiver<Staged>,
+    replays: mpsc::Receiver<Replay>,
+    /// Batches taken from the channel but not yet delivered.
+    queue: VecDeque<Staged>,
+    /// How many at the front of `queue` go one at a time (a group write
+    /// failed).
+    singly: usize,
+    /// Set at shutdown: when draining what is in flight gives up.
+    deadline: Option<tokio::time::Instant>,
+}
+
+/// What the sink stage does next.
+enum Step {
+    /// Deliver this.
+    Deliver(Staged),
+    /// Look again (shutdown began, or a dead letter was replayed).
+    Again,
+    /// The drain deadline passed.
+    DrainOver,
+    /// The transforms passed on everything they had: the source ended.
+    SourceEnded,
+}
+
+impl<S: Sink> Delivery<'_, S> {
+    /// Delivers until the source ends (stopped, or a definite error), the
+    /// drain deadline passes, the sink's reader goes away, or a batch fails
+    /// definitely under `on_error = "fail"`.
+    async fn run<F: Future<Output = ()>>(
+        &mut self,
+        mut shutdown: Pin<&mut F>,
+        stop_source: &watch::Sender<bool>,
+        source_task: &mut tokio::task::JoinHandle<Result<(), PipelineError>>,
+    ) -> Result<(), PipelineError> {
+        loop {
+            let staged = match self.queue.pop_front() {
+                Some(staged) => staged,
+                None => match self.next(shutdown.as_mut(), stop_source).await {
+                    Step::Deliver(staged) => staged,
+                    Step::Again => continue,
+                    Step::DrainOver => return Ok(()),
+                    Step::SourceEnded if self.deadline.is_some() => return Ok(()),
+                    Step::SourceEnded => {
+                        return match source_task.await {
+                            Ok(result) => result,
+                            Err(err) => Err(PipelineError::Panicked {
+                                stage: "source",
+                                message: panic_message(err),
+                            }),
+                        };
+                    }
+                },
+            };
+            let transformed = match staged {
+                Staged::Failed(batch, error) => {
+                    self.module_failed(batch, error).await?;
+                    continue;
+                }
+                Staged::Ready(transformed) => transformed,
+            };
+            let single = if self.singly > 0 {
+                self.singly -= 1;
+                transformed
+            } else {
+                let mut group = self.take_group(transformed);
+                if group.len() > 1 {
+                    self.write_group(group).await;
+                    continue;
+                }
+                match group.pop() {
+                    Some(transformed) => transformed,
+                    None => continue,
+                }
+            };
+            if !self.write_one(single, shutdown.as_mut()).await? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Waits for the next thing to do: a batch, shutdown (stop the source,
+    /// start the drain deadline), the deadline, or a dead letter to replay
+    /// (written at once, outside the stream: no checkpoint moves).
+    async fn next<F: Future<Output = ()>>(
+        &mut self,
+        shutdown: Pin<&mut F>,
+        stop_source: &watch::Sender<bool>,
+    ) -> Step {
+        tokio::select! {
             biased;
-            _ = shutdown.as_mut(), if deadline.is_none() => {
+            _ = shutdown, if self.deadline.is_none() => {
                 // Stop reading; what is in flight still reaches the sink.
-                tracing::info!(pipeline = %name, "stopping: draining batches in flight");
+                tracing::info!(pipeline = %self.config.name, "stopping: draining batches in flight");
                 let _ = stop_source.send(true);
-                deadline = Some(tokio::time::Instant::now() + config.drain_timeout);
-                continue;
+                self.deadline = Some(tokio::time::Instant::now() + self.config.drain_timeout);
+                Step::Again
             }
-            _ = drain_over(deadline) => {
-                tracing::warn!(pipeline = %name, "batches still in flight at the drain timeout are left for the next start");
-                break Ok(());
+            _ = drain_over(self.deadline) => {
+                tracing::warn!(pipeline = %self.config.name, "batches still in flight at the drain timeout are left for the next start");
+                Step::DrainOver
             }
-            Some(replay) = replay_rx.recv() => {
-                let result = sink.write(&replay.batch).await;
+            Some(replay) = self.replays.recv() => {
+                let result = self.sink.write(&replay.batch).await;
                 if result.is_ok() {
-                    counters.bytes_written.store(sink.bytes_written(), Ordering::Relaxed);
+                    self.counters
+                        .bytes_written
+                        .store(self.sink.bytes_written(), Ordering::Relaxed);
                 }
                 let _ = replay.done.send(result);
-                continue;
+                Step::Again
             }
-            staged = staged_rx.recv() => staged,
-            }
-        };
-        let Some(staged) = staged else {
-            // The source ended (stopped, or a definite error) and the
-            // transform stage passed on everything it had.
-            if deadline.is_some() {
-                break Ok(());
-            }
-            break match (&mut source_task).await {
-                Ok(result) => result,
-                Err(err) => Err(PipelineError::Panicked {
-                    stage: "source",
-                    message: panic_message(err),
-                }),
-            };
-        };
-        let transformed = match staged {
-            Staged::Ready(transformed) => transformed,
-            Staged::Failed(batch, error) => {
-                counters.module_failures.fetch_add(1, Ordering::Relaxed);
-                *counters
-                    .failures_by_kind
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .entry(error.error.kind())
-                    .or_default() += 1;
-                counters.record_error(error.to_string());
-                match handle_failure(
-                    &config,
-                    &store,
-                    &counters,
-                    &chain,
-                    &batch,
-                    Failure::Module(error),
-                )
-                .await
-                {
-                    Ok(()) => {
-                        feedback.ack(&batch.txn);
-                        continue;
-                    }
-                    Err(err) => break Err(err),
-                }
-            }
-        };
-        // Whatever else is waiting goes to the sink with it, as one write.
-        let transformed = if singly > 0 {
-            singly -= 1;
-            transformed
-        } else {
-            let mut group = vec![transformed];
-            let mut bytes = group[0].source.cost(limits);
-            while group.len() < GROUP_MAX_BATCHES && bytes < limits.max_bytes {
-                let next = match queue.pop_front() {
+            staged = self.staged.recv() => match staged {
+                Some(staged) => Step::Deliver(staged),
+                None => Step::SourceEnded,
+            },
+        }
+    }
+
+    /// `first` and the transformed batches waiting behind it, up to a
+    /// group's limits; a batch a module failed on ends the group.
+    fn take_group(&mut self, first: Transformed) -> Vec<Transformed> {
+        let limits = self.config.source.limits;
+        let mut bytes = first.source.cost(limits);
+        let mut group = vec![first];
+        while group.len() < GROUP_MAX_BATCHES && bytes < limits.max_bytes {
+            let next = match self.queue.pop_front() {
+                Some(staged) => staged,
+                None => match self.staged.try_recv() {
                     Some(staged) => staged,
-                    None => match staged_rx.try_recv() {
-                        Some(staged) => staged,
-                        None => break,
-                    },
-                };
-                match next {
-                    Staged::Ready(next) => {
-                        bytes += next.source.cost(limits);
-                        group.push(next);
-                    }
-                    failed => {
-                        queue.push_front(failed);
-                        break;
-                    }
+                    None => break,
+                },
+            };
+            match next {
+                Staged::Ready(next) => {
+                    bytes += next.source.cost(limits);
+                    group.push(next);
+                }
+                failed => {
+                    self.queue.push_front(failed);
+                    break;
                 }
             }
-            if group.len() > 1 {
-                match sink.write_group(&group).await {
-                    Ok(()) => {
-                        counters
-                            .bytes_written
-                            .store(sink.bytes_written(), Ordering::Relaxed);
-                        for transformed in &group {
-                            counters.batches_written.fetch_add(1, Ordering::Relaxed);
-                            counters
-                                .changes_written
-                                .fetch_add(transformed.len() as u64, Ordering::Relaxed);
-                            feedback.ack(transformed.txn());
-                        }
-                    }
-                    Err(err) => {
-                        // Each again on its own, with retries and `on_error`.
-                        counters.sink_retries.fetch_add(1, Ordering::Relaxed);
-                        tracing::debug!(pipeline = %name, error = %err, batches = group.len(), "group write failed; writing its batches one at a time");
-                        singly = group.len();
-                        for transformed in group.into_iter().rev() {
-                            queue.push_front(Staged::Ready(transformed));
-                        }
-                    }
+        }
+        group
+    }
+
+    /// Writes a group as one. When that fails, its batches go back to the
+    /// front of the queue to be written one at a time, each with its own
+    /// retries and `on_error`.
+    async fn write_group(&mut self, group: Vec<Transformed>) {
+        match self.sink.write_group(&group).await {
+            Ok(()) => self.written(&group),
+            Err(err) => {
+                self.counters.sink_retries.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(pipeline = %self.config.name, error = %err, batches = group.len(), "group write failed; writing its batches one at a time");
+                self.singly = group.len();
+                for transformed in group.into_iter().rev() {
+                    self.queue.push_front(Staged::Ready(transformed));
                 }
-                continue;
             }
-            match group.pop() {
-                Some(transformed) => transformed,
-                None => continue,
-            }
-        };
-        let mut backoff = Backoff::new(config.sink_retry_initial, config.sink_retry_max);
-        let written = loop {
-            match sink.write(&transformed).await {
-                Ok(()) => break Ok(()),
+        }
+    }
+
+    /// Writes one batch, retrying a transient failure with back-off, and
+    /// acknowledges it once it is written or `on_error` dealt with a
+    /// refusal. `Ok(false)`: the pipeline is stopping (shutdown or the drain
+    /// deadline during a retry, or the sink's reader went away) and the
+    /// batch is not acknowledged.
+    async fn write_one<F: Future<Output = ()>>(
+        &mut self,
+        transformed: Transformed,
+        mut shutdown: Pin<&mut F>,
+    ) -> Result<bool, PipelineError> {
+        let name = &self.config.name;
+        let mut backoff = Backoff::new(self.config.sink_retry_initial, self.config.sink_retry_max);
+        let refused = loop {
+            match self.sink.write(&transformed).await {
+                Ok(()) => {
+                    self.written(std::slice::from_ref(&transformed));
+                    return Ok(true);
+                }
                 Err(err) if err.is_transient() => {
-                    counters.sink_retries.fetch_add(1, Ordering::Relaxed);
+                    self.counters.sink_retries.fetch_add(1, Ordering::Relaxed);
                     let wait = backoff.next_wait();
                     tracing::warn!(pipeline = %name, error = %err, retry_in = ?wait, "sink write failed; retrying");
                     let stop = tokio::select! {
                         biased;
-                        _ = shutdown.as_mut(), if deadline.is_none() => true,
-                        _ = drain_over(deadline) => true,
+                        _ = shutdown.as_mut(), if self.deadline.is_none() => true,
+                        _ = drain_over(self.deadline) => true,
                         _ = tokio::time::sleep(wait) => false,
                     };
                     if stop {
-                        break Err(None);
+                        return Ok(false);
                     }
                 }
                 Err(err) if err.is_gone() => {
                     tracing::info!(pipeline = %name, reason = %err, "the sink's reader went away; stopping");
-                    break Err(None);
+                    return Ok(false);
                 }
-                Err(err) => break Err(Some(err)),
+                Err(err) => break err,
             }
         };
-        match written {
-            Ok(()) => {
-                counters.batches_written.fetch_add(1, Ordering::Relaxed);
-                counters
-                    .bytes_written
-                    .store(sink.bytes_written(), Ordering::Relaxed);
-                counters
-                    .changes_written
-                    .fetch_add(transformed.len() as u64, Ordering::Relaxed);
-                feedback.ack(transformed.txn());
-            }
-            Err(None) => break Ok(()),
-            Err(Some(err)) => {
-                // A definite refusal follows `on_error`, like a module
-                // failure.
-                let source = &transformed.source;
-                counters.record_error(format!("sink: {err}"));
-                match handle_failure(
-                    &config,
-                    &store,
-                    &counters,
-                    &chain,
-                    source,
-                    Failure::Sink(err),
-                )
-                .await
-                {
-                    Ok(()) => feedback.ack(transformed.txn()),
-                    Err(err) => break Err(err),
-                }
-            }
-        }
-    };
-
-    // Stop reading (if not yet), let the stages end, commit what the sink
-    // acknowledged — all within the drain deadline (set by shutdown, else
-    // `drain_timeout` from now): a module call or a state-file commit that
-    // does not end must not keep the host from exiting. What is not
-    // committed by then is delivered again after the next start.
-    let _ = stop_source.send(true);
-    drop(staged_rx);
-    let teardown_deadline =
-        deadline.unwrap_or_else(|| tokio::time::Instant::now() + config.drain_timeout);
-    let committer_abort = committer.abort_handle();
-    // The source stays connected until the final commit, then confirms it
-    // to the slot.
-    let mut transforms_panic = None;
-    let teardown = async {
-        if let Ok(Err(payload)) = tokio::task::spawn_blocking(move || transformer.join()).await {
-            transforms_panic = Some(payload_message(payload.as_ref()));
-        }
-        let _ = stop_commits.send(true);
-        let _ = committer.await;
-        let _ = settle_source.send(true);
-        if !source_task.is_finished() {
-            let _ = source_task.await;
-        }
-    };
-    if tokio::time::timeout_at(teardown_deadline, teardown)
-        .await
-        .is_err()
-    {
-        committer_abort.abort();
-        let checkpoint = feedback.flushed();
-        tracing::error!(pipeline = %name, %checkpoint, drain_timeout = ?config.drain_timeout, "the pipeline did not stop within drain_timeout; leaving the rest for the next start");
-        return Err(outcome.err().unwrap_or(PipelineError::DrainTimeout {
-            timeout: config.drain_timeout,
-            checkpoint,
-        }));
+        // A definite refusal follows `on_error`, like a module failure.
+        self.counters.record_error(format!("sink: {refused}"));
+        handle_failure(
+            self.config,
+            self.store,
+            self.counters,
+            self.chain,
+            &transformed.source,
+            Failure::Sink(refused),
+        )
+        .await?;
+        self.feedback.ack(transformed.txn());
+        Ok(true)
     }
-    tracing::info!(pipeline = %name, checkpoint = %feedback.flushed(), "pipeline stopped");
-    match transforms_panic {
-        // The transform thread's end closed the channel the loop reads, so
-        // the outcome above does not say why.
-        Some(message) => Err(PipelineError::Panicked {
-            stage: "transforms",
-            message,
-        }),
-        None => outcome,
+
+    /// Counts `batches` as written and acknowledges them.
+    fn written(&self, batches: &[Transformed]) {
+        self.counters
+            .bytes_written
+            .store(self.sink.bytes_written(), Ordering::Relaxed);
+        for transformed in batches {
+            self.counters
+                .batches_written
+                .fetch_add(1, Ordering::Relaxed);
+            self.counters
+                .changes_written
+                .fetch_add(transformed.len() as u64, Ordering::Relaxed);
+            self.feedback.ack(transformed.txn());
+        }
+    }
+
+    /// A module failed on `batch`: counted, recorded, handed to
+    /// `on_error`, and acknowledged when that dealt with it.
+    async fn module_failed(
+        &mut self,
+        batch: Batch,
+        error: ChainError,
+    ) -> Result<(), PipelineError> {
+        self.counters
+            .module_failures
+            .fetch_add(1, Ordering::Relaxed);
+        *self
+            .counters
+            .failures_by_kind
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(error.error.kind())
+            .or_default() += 1;
+        self.counters.record_error(error.to_string());
+        handle_failure(
+            self.config,
+            self.store,
+            self.counters,
+            self.chain,
+            &batch,
+            Failure::Module(error),
+        )
+        .await?;
+        self.feedback.ack(&batch.txn);
+        Ok(())
     }
 }
 
@@ -627,7 +817,7 @@ async fn prepare_source(
     config: &PipelineConfig,
     store: &Store,
     checkpoint: Option<Offset>,
-    mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
+    mut shutdown: Pin<&mut impl Future<Output = ()>>,
 ) -> Result<Option<source::Prepared>, PipelineError> {
     let mut backoff = Backoff::new(config.source.reconnect_initial, config.source.reconnect_max);
     let mut attempt = 1u64;
@@ -912,10 +1102,9 @@ async fn handle_failure(
                 store.add_dead_letter(&pipeline, &bytes, &stored, version)
             })
             .await
-            .map_err(|e| {
-                PipelineError::Source(SourceError::Protocol(format!(
-                    "the dead-letter task failed: {e}"
-                )))
+            .map_err(|e| PipelineError::Panicked {
+                stage: "dead letter",
+                message: panic_message(e),
             })??;
             counters.dead_letters.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(pipeline = %name, xid = batch.txn.xid, commit_lsn = %commit_lsn, dead_letter = id, module_version = version, error = %message, "{what}; batch stored as a dead letter (on_error = \"dead_letter\")");
