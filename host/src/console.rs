@@ -18,7 +18,7 @@ pub fn print(text: &str) -> std::io::Result<()> {
     write(text.as_bytes())
 }
 
-/// [`print`] for bytes.
+/// [`print()`] for bytes.
 pub fn write(bytes: &[u8]) -> std::io::Result<()> {
     let mut out = std::io::stdout().lock();
     let result = out.write_all(bytes).and_then(|()| out.flush());

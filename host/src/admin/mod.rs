@@ -7,9 +7,9 @@
 //! request, refusals answered from the headers alone, and one error shape
 //! for every failure — axum's own rejections included. What a request does
 //! belongs elsewhere: [`crate::daemon::PipelineControl`] pauses and resumes,
-//! [`crate::daemon::hotswap`] swaps, the state file stores.
+//! `crate::daemon::hotswap` swaps, the state file stores.
 
-pub mod metrics;
+pub(crate) mod metrics;
 pub mod openapi;
 
 use std::net::SocketAddr;
@@ -145,6 +145,51 @@ fn sha256(bytes: &[u8]) -> [u8; 32] {
     sha2::Sha256::digest(bytes).into()
 }
 
+/// Why the admin API could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// A non-loopback listen without a token.
+    #[error(
+        "refusing to listen on {listen} without a token: anyone who can reach it could swap \
+         modules. Set [admin] token = \"${{DATUM_ADMIN_TOKEN}}\" (or the DATUM_ADMIN_TOKEN \
+         variable), or listen on 127.0.0.1"
+    )]
+    NoToken {
+        /// The address asked for.
+        listen: SocketAddr,
+    },
+    /// A non-loopback listen with a token too weak to guard it.
+    #[error(
+        "refusing to listen on {listen} with this token: {why}. Anyone who can reach the \
+         address could guess it and swap modules. Use at least {MIN_TOKEN_BYTES} bytes of \
+         random data, e.g. `openssl rand -hex 32`, or listen on 127.0.0.1"
+    )]
+    WeakToken {
+        /// The address asked for.
+        listen: SocketAddr,
+        /// What is wrong with the token (never the token).
+        why: String,
+    },
+    /// No token was configured and none could be generated.
+    #[error("cannot generate the admin token into {}: {source}", path.display())]
+    TokenFile {
+        /// The token file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The address cannot be listened on.
+    #[error("cannot listen on {listen}: {source}")]
+    Listen {
+        /// The address asked for.
+        listen: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// Starts the API; the server stops when `stop` turns true. Returns the
 /// server's task.
 pub async fn serve(
@@ -152,7 +197,7 @@ pub async fn serve(
     state_path: &str,
     host: Host,
     stop: watch::Receiver<bool>,
-) -> Result<tokio::task::JoinHandle<()>, String> {
+) -> Result<tokio::task::JoinHandle<()>, ServeError> {
     let listen = spec.listen.0;
     let configured = spec
         .token
@@ -162,28 +207,20 @@ pub async fn serve(
         .filter(|t| !t.is_empty());
     if !listen.ip().is_loopback() {
         match &configured {
-            None => {
-                return Err(format!(
-                    "refusing to listen on {listen} without a token: anyone who can reach it \
-                     could swap modules. Set [admin] token = \"${{DATUM_ADMIN_TOKEN}}\" (or the \
-                     DATUM_ADMIN_TOKEN variable), or listen on 127.0.0.1"
-                ));
+            None => return Err(ServeError::NoToken { listen }),
+            Some(token) => {
+                strong_enough(token).map_err(|why| ServeError::WeakToken { listen, why })?
             }
-            Some(token) => strong_enough(token).map_err(|why| {
-                format!(
-                    "refusing to listen on {listen} with this token: {why}. Anyone who can \
-                     reach the address could guess it and swap modules. Use at least \
-                     {MIN_TOKEN_BYTES} bytes of random data, e.g. `openssl rand -hex 32`, or \
-                     listen on 127.0.0.1"
-                )
-            })?,
         }
     }
     let token = match configured {
         Some(token) => token,
         None => {
             let path = spec.token_file(state_path);
-            let token = generate_token(&path)?;
+            let token = generate_token(&path).map_err(|source| ServeError::TokenFile {
+                path: path.clone(),
+                source,
+            })?;
             tracing::info!(token_file = %path.display(), "admin API token generated (datum admin --config reads it)");
             token
         }
@@ -196,8 +233,10 @@ pub async fn serve(
     });
     let listener = tokio::net::TcpListener::bind(listen)
         .await
-        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
-    let bound: SocketAddr = listener.local_addr().map_err(|e| e.to_string())?;
+        .map_err(|source| ServeError::Listen { listen, source })?;
+    let bound: SocketAddr = listener
+        .local_addr()
+        .map_err(|source| ServeError::Listen { listen, source })?;
     tracing::info!(address = %bound, "admin API listening");
     let router = router(app, spec.max_upload.0);
     let limits = ConnectionLimits {
@@ -421,13 +460,13 @@ fn random_bytes<const N: usize>() -> std::io::Result<[u8; N]> {
 }
 
 /// A random token: 32 bytes, in hex.
-fn random_token() -> Result<String, String> {
-    let bytes = random_bytes::<32>().map_err(|e| format!("generating a token: {e}"))?;
+fn random_token() -> std::io::Result<String> {
+    let bytes = random_bytes::<32>()?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// A random token, written to `path` (mode 0600) for `datum admin`.
-fn generate_token(path: &std::path::Path) -> Result<String, String> {
+fn generate_token(path: &std::path::Path) -> std::io::Result<String> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let token = random_token()?;
@@ -437,8 +476,7 @@ fn generate_token(path: &std::path::Path) -> Result<String, String> {
         .create_new(true)
         .mode(0o600)
         .open(path)
-        .and_then(|mut f| f.write_all(token.as_bytes()))
-        .map_err(|e| format!("writing the token file {}: {e}", path.display()))?;
+        .and_then(|mut f| f.write_all(token.as_bytes()))?;
     Ok(token)
 }
 

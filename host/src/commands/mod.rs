@@ -4,14 +4,14 @@
 //! [`dispatch`] runs the command the command line names and says how it
 //! ended; `main` maps that to the exit code, once.
 
-pub mod admin;
-pub mod check;
+pub(crate) mod admin;
+pub(crate) mod check;
 pub mod cli;
 pub mod demo;
-pub mod new;
-pub mod record;
-pub mod run;
-pub mod test;
+pub(crate) mod new;
+pub(crate) mod record;
+pub(crate) mod run;
+pub(crate) mod test;
 
 use std::future::Future;
 
@@ -220,7 +220,7 @@ pub async fn signalled() {
 }
 
 /// Standard output for text a command prints; a closed pipe is noted by
-/// [`console`], never a panic.
+/// `console`, never a panic.
 pub fn say(text: &str) {
     if let Err(err) = crate::console::print(text) {
         eprintln!("error: writing to standard output: {err}");

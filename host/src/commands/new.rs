@@ -33,6 +33,7 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind.
+    #[cfg(test)]
     pub const ALL: [Kind; 4] = [Kind::Filter, Kind::Map, Kind::FlatMap, Kind::Transform];
 
     /// The SDK attribute: `filter`, `map`, `flat_map` or `transform`.
@@ -155,6 +156,7 @@ impl fmt::Display for Created {
             let relative = file.strip_prefix(&self.dir).unwrap_or(file);
             writeln!(f, "  {}", relative.display())?;
         }
+        writeln!(f, "with the guest SDK at {}", self.sdk.display())?;
         writeln!(f)?;
         writeln!(f, "next steps:")?;
         writeln!(f, "  cd {}", shell_quote(&self.dir.to_string_lossy()))?;

@@ -67,8 +67,7 @@ pub async fn run(
                 },
                 stop_rx.clone(),
             )
-            .await
-            .map_err(daemon::StartError::Admin)?,
+            .await?,
         ),
         None => None,
     };

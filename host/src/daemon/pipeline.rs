@@ -257,10 +257,10 @@ enum Staged {
 /// Runs the pipeline until `shutdown` completes or it fails definitely.
 /// `started` receives the pipeline's handles once streaming begins.
 ///
-/// Three steps: find where to resume ([`start_position`]), start the
-/// stages ([`Stages::start`]) and deliver what they produce to the sink
-/// ([`Delivery::run`]), then stop the stages within the drain deadline
-/// ([`Stages::stop`]).
+/// Three steps: find where to resume (`start_position`), start the
+/// stages (`Stages::start`) and deliver what they produce to the sink
+/// (`Delivery::run`), then stop the stages within the drain deadline
+/// (`Stages::stop`).
 pub async fn run<S: Sink>(
     config: PipelineConfig,
     store: Arc<Store>,

@@ -34,7 +34,7 @@ pub enum StartError {
     Engine(#[from] crate::transform::TransformError),
     /// The admin API.
     #[error("admin API: {0}")]
-    Admin(String),
+    Admin(#[from] crate::admin::ServeError),
 }
 
 /// A pipeline ready to run.

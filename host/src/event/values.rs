@@ -104,7 +104,7 @@ impl TypeKind {
     ///
     /// A kind that stands for several types cannot tell which it is, and
     /// names one: `Int` is "int8" (the width of `Value::Int`), `Text` is
-    /// "text", `Json` is "json"; an array of them likewise. [`builtin_name`]
+    /// "text", `Json` is "json"; an array of them likewise. `builtin_name`
     /// gives the exact name of a built-in type by OID.
     pub fn name(&self) -> String {
         match self {

@@ -8,10 +8,10 @@
 //! [`ConnectError`] into its own.
 
 mod connect;
-pub mod conninfo;
+pub(crate) mod conninfo;
 mod error;
 mod quote;
-pub mod tls;
+pub(crate) mod tls;
 
 pub use connect::{ConnectError, connect};
 pub use conninfo::{ConnInfo, ConnInfoError, Host, SslMode};

@@ -5,13 +5,13 @@
 //! the checkpoint advance), and an error says whether retrying may help. It
 //! does not own retries or the checkpoint: the pipeline does.
 
-pub mod file;
+pub(crate) mod file;
 pub mod http;
-pub mod json;
-pub mod jsonl;
+pub(crate) mod json;
+pub(crate) mod jsonl;
 pub mod postgres;
-pub mod pretty;
-pub mod stdout;
+pub(crate) mod pretty;
+pub(crate) mod stdout;
 
 use std::future::Future;
 use std::path::Path;

@@ -119,6 +119,7 @@ impl Assembler {
 
     /// The end LSN of the last complete transaction emitted, or the resume
     /// point given at the start.
+    #[cfg(test)]
     pub fn resume_after(&self) -> Lsn {
         self.resume_after
     }
@@ -153,71 +154,12 @@ impl Assembler {
                 final_lsn,
                 commit_time,
                 xid,
-            } => {
-                if self.open.is_some() {
-                    return Err(SourceError::Protocol(
-                        "Begin inside an open transaction".into(),
-                    ));
-                }
-                let commit_lsn = Lsn(final_lsn);
-                let mut open = Open {
-                    xid,
-                    commit_lsn,
-                    commit_time: commit_time.saturating_add(PG_EPOCH_OFFSET_MICROS),
-                    chunk: 0,
-                    changes: Vec::new(),
-                    bytes: 0,
-                    seen: 0,
-                    skip: 0,
-                    // Its commit record starts before the resume point, so it
-                    // also ends at or before it.
-                    skip_all: commit_lsn < self.resume_after,
-                };
-                if let Some(partial) = self.partial.take() {
-                    if partial.commit_lsn == commit_lsn {
-                        open.skip = partial.delivered_changes;
-                        open.chunk = partial.next_chunk;
-                    } else {
-                        self.partial = Some(partial);
-                    }
-                }
-                self.open = Some(open);
-                Ok(None)
-            }
+            } => self.begin(Lsn(final_lsn), commit_time, xid).map(|()| None),
             Message::Commit {
                 commit_lsn,
                 end_lsn,
                 ..
-            } => {
-                let open = self
-                    .open
-                    .take()
-                    .ok_or_else(|| SourceError::Protocol("Commit without a transaction".into()))?;
-                if Lsn(commit_lsn) != open.commit_lsn {
-                    return Err(SourceError::Protocol(format!(
-                        "Commit at {} does not match Begin's {}",
-                        Lsn(commit_lsn),
-                        open.commit_lsn
-                    )));
-                }
-                if open.skip_all {
-                    return Ok(None);
-                }
-                self.partial = None;
-                self.resume_after = self.resume_after.max(Lsn(end_lsn));
-                Ok(Some(Batch {
-                    txn: Txn {
-                        xid: open.xid,
-                        commit_lsn: open.commit_lsn.0,
-                        end_lsn,
-                        commit_time: open.commit_time,
-                        chunk: open.chunk,
-                        last: true,
-                    },
-                    changes: open.changes,
-                    bytes: open.bytes,
-                }))
-            }
+            } => self.commit(Lsn(commit_lsn), end_lsn),
             Message::Origin { .. } => Ok(None),
             Message::Type {
                 oid,
@@ -232,37 +174,7 @@ impl Assembler {
                 Ok(None)
             }
             Message::Relation(relation) => {
-                let columns = relation
-                    .columns
-                    .iter()
-                    .map(|c| {
-                        let (type_name, kind) = self.type_of(c.type_oid);
-                        Column {
-                            name: c.name.to_owned(),
-                            type_oid: c.type_oid,
-                            type_name,
-                            type_modifier: c.type_modifier,
-                            key: c.key,
-                            kind,
-                        }
-                    })
-                    .collect();
-                let replica_identity = match relation.replica_identity {
-                    pgoutput::ReplicaIdentity::Default => ReplicaIdentity::Default,
-                    pgoutput::ReplicaIdentity::Nothing => ReplicaIdentity::Nothing,
-                    pgoutput::ReplicaIdentity::Full => ReplicaIdentity::Full,
-                    pgoutput::ReplicaIdentity::Index => ReplicaIdentity::Index,
-                };
-                self.relations.insert(
-                    relation.oid,
-                    Arc::new(Relation {
-                        oid: relation.oid,
-                        schema: relation.namespace.to_owned(),
-                        table: relation.name.to_owned(),
-                        replica_identity,
-                        columns,
-                    }),
-                );
+                self.relation_message(&relation);
                 Ok(None)
             }
             Message::Insert { relation, new } => {
@@ -273,31 +185,7 @@ impl Assembler {
                 let (new, bytes) = row(&relation, &new)?;
                 self.add(Change::Insert { relation, new }, bytes)
             }
-            Message::Update { relation, old, new } => {
-                let relation = self.relation(relation)?;
-                if !self.counts() {
-                    return Ok(None);
-                }
-                let (mut new, mut bytes) = row(&relation, &new)?;
-                let old = match old {
-                    Some(old) => {
-                        let (old, old_bytes) = old_row(&relation, &old)?;
-                        bytes += old_bytes;
-                        if !old.key_only {
-                            // `docs/architecture.md`, pitfall 7: an unchanged TOAST value is taken
-                            // from the full old row when there is one.
-                            for (value, previous) in new.iter_mut().zip(&old.values) {
-                                if *value == Value::Unchanged {
-                                    *value = previous.clone();
-                                }
-                            }
-                        }
-                        Some(old)
-                    }
-                    None => None,
-                };
-                self.add(Change::Update { relation, old, new }, bytes)
-            }
+            Message::Update { relation, old, new } => self.update(relation, old.as_ref(), &new),
             Message::Delete { relation, old } => {
                 let relation = self.relation(relation)?;
                 if !self.counts() {
@@ -310,68 +198,217 @@ impl Assembler {
                 cascade,
                 restart_identity,
                 relations,
-            } => {
-                let relations = relations
-                    .iter()
-                    .map(|oid| self.relation(*oid))
-                    .collect::<Result<Vec<_>, _>>()?;
-                if !self.counts() {
-                    return Ok(None);
-                }
-                let bytes = 16 * relations.len();
-                self.add(
-                    Change::Truncate {
-                        relations,
-                        cascade,
-                        restart_identity,
-                    },
-                    bytes,
-                )
-            }
+            } => self.truncate(&relations, cascade, restart_identity),
             Message::Message {
                 transactional,
                 lsn,
                 prefix,
                 content,
-            } => {
-                let change = Change::Message {
-                    transactional,
-                    lsn: Lsn(lsn),
-                    prefix: prefix.to_owned(),
-                    content: content.to_vec(),
-                };
-                let bytes = prefix.len() + content.len();
-                if transactional {
-                    if !self.counts() {
-                        return Ok(None);
-                    }
-                    return self.add(change, bytes);
-                }
-                if self.open.is_some() {
-                    return Err(SourceError::Protocol(
-                        "non-transactional message inside a transaction".into(),
-                    ));
-                }
-                // Not part of any transaction: a batch of its own, resumed
-                // after like a transaction ending at its LSN.
-                if Lsn(lsn) <= self.resume_after {
-                    return Ok(None);
-                }
-                self.resume_after = Lsn(lsn);
-                Ok(Some(Batch {
-                    txn: Txn {
-                        xid: 0,
-                        commit_lsn: lsn,
-                        end_lsn: lsn,
-                        commit_time: 0,
-                        chunk: 0,
-                        last: true,
-                    },
-                    changes: vec![change],
-                    bytes,
-                }))
+            } => self.logical_message(transactional, Lsn(lsn), prefix, content),
+        }
+    }
+
+    /// `B`: a transaction opens. One cut off by a reconnect resumes after
+    /// the changes already delivered.
+    fn begin(&mut self, commit_lsn: Lsn, commit_time: i64, xid: u32) -> Result<(), SourceError> {
+        if self.open.is_some() {
+            return Err(SourceError::Protocol(
+                "Begin inside an open transaction".into(),
+            ));
+        }
+        let mut open = Open {
+            xid,
+            commit_lsn,
+            commit_time: commit_time.saturating_add(PG_EPOCH_OFFSET_MICROS),
+            chunk: 0,
+            changes: Vec::new(),
+            bytes: 0,
+            seen: 0,
+            skip: 0,
+            // Its commit record starts before the resume point, so it also
+            // ends at or before it.
+            skip_all: commit_lsn < self.resume_after,
+        };
+        if let Some(partial) = self.partial.take() {
+            if partial.commit_lsn == commit_lsn {
+                open.skip = partial.delivered_changes;
+                open.chunk = partial.next_chunk;
+            } else {
+                self.partial = Some(partial);
             }
         }
+        self.open = Some(open);
+        Ok(())
+    }
+
+    /// `C`: the open transaction ends; its last batch.
+    fn commit(&mut self, commit_lsn: Lsn, end_lsn: u64) -> Result<Option<Batch>, SourceError> {
+        let open = self
+            .open
+            .take()
+            .ok_or_else(|| SourceError::Protocol("Commit without a transaction".into()))?;
+        if commit_lsn != open.commit_lsn {
+            return Err(SourceError::Protocol(format!(
+                "Commit at {commit_lsn} does not match Begin's {}",
+                open.commit_lsn
+            )));
+        }
+        if open.skip_all {
+            return Ok(None);
+        }
+        self.partial = None;
+        self.resume_after = self.resume_after.max(Lsn(end_lsn));
+        Ok(Some(Batch {
+            txn: Txn {
+                xid: open.xid,
+                commit_lsn: open.commit_lsn.0,
+                end_lsn,
+                commit_time: open.commit_time,
+                chunk: open.chunk,
+                last: true,
+            },
+            changes: open.changes,
+            bytes: open.bytes,
+        }))
+    }
+
+    /// `R`: a relation's shape, replacing what came before for its OID.
+    fn relation_message(&mut self, relation: &pgoutput::Relation<'_>) {
+        let columns = relation
+            .columns
+            .iter()
+            .map(|c| {
+                let (type_name, kind) = self.type_of(c.type_oid);
+                Column {
+                    name: c.name.to_owned(),
+                    type_oid: c.type_oid,
+                    type_name,
+                    type_modifier: c.type_modifier,
+                    key: c.key,
+                    kind,
+                }
+            })
+            .collect();
+        let replica_identity = match relation.replica_identity {
+            pgoutput::ReplicaIdentity::Default => ReplicaIdentity::Default,
+            pgoutput::ReplicaIdentity::Nothing => ReplicaIdentity::Nothing,
+            pgoutput::ReplicaIdentity::Full => ReplicaIdentity::Full,
+            pgoutput::ReplicaIdentity::Index => ReplicaIdentity::Index,
+        };
+        self.relations.insert(
+            relation.oid,
+            Arc::new(Relation {
+                oid: relation.oid,
+                schema: relation.namespace.to_owned(),
+                table: relation.name.to_owned(),
+                replica_identity,
+                columns,
+            }),
+        );
+    }
+
+    /// `U`: an update, its unchanged TOAST values taken from a full old row
+    /// when there is one.
+    fn update(
+        &mut self,
+        relation: u32,
+        old: Option<&OldTuple<'_>>,
+        new: &Tuple<'_>,
+    ) -> Result<Option<Batch>, SourceError> {
+        let relation = self.relation(relation)?;
+        if !self.counts() {
+            return Ok(None);
+        }
+        let (mut new, mut bytes) = row(&relation, new)?;
+        let old = match old {
+            Some(old) => {
+                let (old, old_bytes) = old_row(&relation, old)?;
+                bytes += old_bytes;
+                if !old.key_only {
+                    // `docs/architecture.md`, pitfall 7: an unchanged TOAST
+                    // value is taken from the full old row when there is one.
+                    for (value, previous) in new.iter_mut().zip(&old.values) {
+                        if *value == Value::Unchanged {
+                            *value = previous.clone();
+                        }
+                    }
+                }
+                Some(old)
+            }
+            None => None,
+        };
+        self.add(Change::Update { relation, old, new }, bytes)
+    }
+
+    /// `T`: tables truncated together.
+    fn truncate(
+        &mut self,
+        relations: &[u32],
+        cascade: bool,
+        restart_identity: bool,
+    ) -> Result<Option<Batch>, SourceError> {
+        let relations = relations
+            .iter()
+            .map(|oid| self.relation(*oid))
+            .collect::<Result<Vec<_>, _>>()?;
+        if !self.counts() {
+            return Ok(None);
+        }
+        let bytes = 16 * relations.len();
+        self.add(
+            Change::Truncate {
+                relations,
+                cascade,
+                restart_identity,
+            },
+            bytes,
+        )
+    }
+
+    /// `M`: a logical message. A transactional one is a change of its
+    /// transaction; any other is a batch of its own, resumed after like a
+    /// transaction ending at its LSN.
+    fn logical_message(
+        &mut self,
+        transactional: bool,
+        lsn: Lsn,
+        prefix: &str,
+        content: &[u8],
+    ) -> Result<Option<Batch>, SourceError> {
+        let change = Change::Message {
+            transactional,
+            lsn,
+            prefix: prefix.to_owned(),
+            content: content.to_vec(),
+        };
+        let bytes = prefix.len() + content.len();
+        if transactional {
+            if !self.counts() {
+                return Ok(None);
+            }
+            return self.add(change, bytes);
+        }
+        if self.open.is_some() {
+            return Err(SourceError::Protocol(
+                "non-transactional message inside a transaction".into(),
+            ));
+        }
+        if lsn <= self.resume_after {
+            return Ok(None);
+        }
+        self.resume_after = lsn;
+        Ok(Some(Batch {
+            txn: Txn {
+                xid: 0,
+                commit_lsn: lsn.0,
+                end_lsn: lsn.0,
+                commit_time: 0,
+                chunk: 0,
+                last: true,
+            },
+            changes: vec![change],
+            bytes,
+        }))
     }
 
     fn type_of(&self, oid: u32) -> (String, TypeKind) {

@@ -2,10 +2,10 @@
 //! (pgoutput, protocol version 1) natively and hands out batches.
 //!
 //! Owns everything between the server and the first channel of the pipeline:
-//! the replication connection ([`replication`]), the requirement checks
+//! the replication connection (`replication`), the requirement checks
 //! ([`check`]), preparing the publication and slot ([`prepare`]), decoding
-//! ([`pgoutput`]; values become typed in [`crate::event::values`]),
-//! assembling batches ([`assembler`]) and the streaming loop with keepalives
+//! ([`pgoutput`]; values become typed in `crate::event::values`),
+//! assembling batches (`assembler`) and the streaming loop with keepalives
 //! and reconnection ([`stream`]). Connection strings and TLS are
 //! [`crate::pg`]'s.
 //!
@@ -21,11 +21,11 @@
 //! * after `START_REPLICATION` the slot is read back, and a start past the
 //!   requested LSN is an error.
 
-pub mod assembler;
-pub mod catalog;
+pub(crate) mod assembler;
+pub(crate) mod catalog;
 pub mod check;
 pub mod pgoutput;
-pub mod replication;
+pub(crate) mod replication;
 pub mod stream;
 
 use std::time::Duration;

@@ -181,38 +181,7 @@ impl Session<'_> {
         mut shutdown: Shutdown<'_>,
     ) -> Result<Connection, SourceError> {
         let config = self.config;
-        let client = catalog::connect(&config.conninfo).await?;
-        let interval = match config.status_interval {
-            Some(interval) => interval,
-            None => status_interval(&client).await?,
-        };
-        let mut conn = Connection::connect(&config.conninfo).await?;
-        self.stats
-            .walsender_pid
-            .store(conn.backend_pid() as u64, Ordering::Relaxed);
-        let command = format!(
-            "START_REPLICATION SLOT {} LOGICAL {requested} (proto_version '1', \
-             publication_names {}, messages 'true')",
-            quote_ident(&config.slot),
-            quote_literal(&quote_ident(&config.publication)),
-        );
-        conn.start_replication(&command).await?;
-
-        // `docs/architecture.md`, pitfall 4: a start before confirmed_flush_lsn silently begins there.
-        if requested != Lsn::ZERO
-            && let Some(state) = catalog::slot_state(&client, &config.slot).await?
-            && let Some(confirmed) = state.confirmed_flush
-            && confirmed > requested
-        {
-            conn.close().await;
-            return Err(SourceError::FastForward {
-                slot: config.slot.clone(),
-                requested,
-                confirmed,
-            });
-        }
-        tracing::info!(slot = %config.slot, start = %requested, pid = conn.backend_pid(), "replication started");
-
+        let (client, mut conn, interval) = self.start(requested).await?;
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut pending: Vec<Batch> = Vec::new();
@@ -279,19 +248,7 @@ impl Session<'_> {
             self.streaming = true;
             match frame {
                 Frame::XLogData { wal_end, data } => {
-                    self.advance(wal_end);
-                    self.stats
-                        .bytes
-                        .fetch_add(data.len() as u64, Ordering::Relaxed);
-                    let message = pgoutput::decode(&data)?;
-                    if let Message::Relation(relation) = &message {
-                        let missing = self.assembler.missing_types(relation);
-                        if !missing.is_empty() {
-                            let types = catalog::resolve_types(&client, &missing).await?;
-                            self.assembler.add_types(types);
-                        }
-                    }
-                    if let Some(batch) = self.assembler.push(message)? {
+                    if let Some(batch) = self.take(&client, wal_end, &data).await? {
                         pending_cost += batch.cost(config.limits);
                         pending.push(batch);
                     }
@@ -331,6 +288,71 @@ impl Session<'_> {
                 }
             }
         }
+    }
+
+    /// Connects, starts replication at `requested` and reads the slot back:
+    /// a start before `confirmed_flush_lsn` silently begins there
+    /// (`docs/architecture.md`, pitfall 4), which is an error. The SQL
+    /// connection (for type lookups), the replication connection, and how
+    /// often to send status updates.
+    async fn start(
+        &mut self,
+        requested: Lsn,
+    ) -> Result<(tokio_postgres::Client, Connection, Duration), SourceError> {
+        let config = self.config;
+        let client = catalog::connect(&config.conninfo).await?;
+        let interval = match config.status_interval {
+            Some(interval) => interval,
+            None => status_interval(&client).await?,
+        };
+        let mut conn = Connection::connect(&config.conninfo).await?;
+        self.stats
+            .walsender_pid
+            .store(conn.backend_pid() as u64, Ordering::Relaxed);
+        let command = format!(
+            "START_REPLICATION SLOT {} LOGICAL {requested} (proto_version '1', \
+             publication_names {}, messages 'true')",
+            quote_ident(&config.slot),
+            quote_literal(&quote_ident(&config.publication)),
+        );
+        conn.start_replication(&command).await?;
+        if requested != Lsn::ZERO
+            && let Some(state) = catalog::slot_state(&client, &config.slot).await?
+            && let Some(confirmed) = state.confirmed_flush
+            && confirmed > requested
+        {
+            conn.close().await;
+            return Err(SourceError::FastForward {
+                slot: config.slot.clone(),
+                requested,
+                confirmed,
+            });
+        }
+        tracing::info!(slot = %config.slot, start = %requested, pid = conn.backend_pid(), "replication started");
+        Ok((client, conn, interval))
+    }
+
+    /// One pgoutput message: decoded (the types of a new relation looked up
+    /// in the catalog) and assembled; a batch when one is complete.
+    async fn take(
+        &mut self,
+        client: &tokio_postgres::Client,
+        wal_end: Lsn,
+        data: &[u8],
+    ) -> Result<Option<Batch>, SourceError> {
+        self.advance(wal_end);
+        self.stats
+            .bytes
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        let message = pgoutput::decode(data)?;
+        if let Message::Relation(relation) = &message {
+            let missing = self.assembler.missing_types(relation);
+            if !missing.is_empty() {
+                let types = catalog::resolve_types(client, &missing).await?;
+                self.assembler.add_types(types);
+            }
+        }
+        self.assembler.push(message)
     }
 
     fn advance(&mut self, lsn: Lsn) {

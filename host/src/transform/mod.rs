@@ -3,7 +3,7 @@
 //!
 //! Owns one wasmtime engine per host (cranelift, pooling allocator, epoch
 //! interruption, optional fuel), compiling and pre-linking modules
-//! ([`engine`], [`module`]), the sandbox they run in ([`sandbox`]), the
+//! ([`engine`], `module`), the sandbox they run in (`sandbox`), the
 //! encoding of batches and decoding of results ([`encode`]), and chains of
 //! modules ([`chain`]).
 //!
@@ -23,7 +23,7 @@
 pub mod chain;
 pub mod encode;
 pub mod engine;
-pub mod module;
+pub(crate) mod module;
 mod sandbox;
 
 use std::time::Duration;

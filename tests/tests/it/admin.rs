@@ -991,6 +991,7 @@ async fn serve_alone(
         stop_rx,
     )
     .await
+    .map_err(|err| err.to_string())
 }
 
 /// The HTTP layer alone (no pipeline): tokens, limits and the error shape,
