@@ -17,11 +17,10 @@ use std::time::Duration;
 
 use reqwest::Method;
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue};
-use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
-use serde::ser::{SerializeMap, SerializeSeq};
-use serde::{Deserialize, Serialize, Serializer};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+
+use crate::event::ordered::{Ordered, to_pretty};
 
 use crate::config::Config;
 
@@ -833,7 +832,7 @@ fn chain(err: &reqwest::Error) -> String {
 /// with a newline, when it is not JSON).
 fn pretty(body: &str) -> String {
     match serde_json::from_str::<Ordered>(body) {
-        Ok(tree) => crate::event::ordered::to_pretty(&tree),
+        Ok(tree) => to_pretty(&tree),
         Err(_) => with_newline(body.to_owned()),
     }
 }
@@ -843,81 +842,6 @@ fn with_newline(mut text: String) -> String {
         text.push('\n');
     }
     text
-}
-
-/// A JSON document that keeps its object's key order (serde_json's `Value`
-/// sorts them).
-enum Ordered {
-    Scalar(Value),
-    Array(Vec<Ordered>),
-    Object(Vec<(String, Ordered)>),
-}
-
-impl Serialize for Ordered {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        match self {
-            Ordered::Scalar(value) => value.serialize(serializer),
-            Ordered::Array(items) => {
-                let mut seq = serializer.serialize_seq(Some(items.len()))?;
-                for item in items {
-                    seq.serialize_element(item)?;
-                }
-                seq.end()
-            }
-            Ordered::Object(entries) => {
-                let mut map = serializer.serialize_map(Some(entries.len()))?;
-                for (key, value) in entries {
-                    map.serialize_entry(key, value)?;
-                }
-                map.end()
-            }
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for Ordered {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Ordered, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Ordered;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a JSON value")
-            }
-            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Ordered, E> {
-                Ok(Ordered::Scalar(v.into()))
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Ordered, E> {
-                Ok(Ordered::Scalar(v.into()))
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Ordered, E> {
-                Ok(Ordered::Scalar(v.into()))
-            }
-            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Ordered, E> {
-                Ok(Ordered::Scalar(v.into()))
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Ordered, E> {
-                Ok(Ordered::Scalar(v.into()))
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<Ordered, E> {
-                Ok(Ordered::Scalar(Value::Null))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Ordered, A::Error> {
-                let mut items = Vec::new();
-                while let Some(item) = seq.next_element()? {
-                    items.push(item);
-                }
-                Ok(Ordered::Array(items))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Ordered, A::Error> {
-                let mut entries = Vec::new();
-                while let Some(entry) = map.next_entry()? {
-                    entries.push(entry);
-                }
-                Ok(Ordered::Object(entries))
-            }
-        }
-        deserializer.deserialize_any(V)
-    }
 }
 
 /// The human summary of `body`, a successful answer to `request` (the body
@@ -959,8 +883,8 @@ pub fn render(request: &Request, body: &str) -> String {
             // a fixture's NAME.input.json.
             DeadLetterAction::Show(_) => match serde_json::from_str::<Ordered>(body) {
                 Ok(Ordered::Object(entries)) => match entries.iter().find(|(k, _)| k == "batch") {
-                    Some((_, batch)) => crate::event::ordered::to_pretty(batch),
-                    None => crate::event::ordered::to_pretty(&Ordered::Object(entries)),
+                    Some((_, batch)) => to_pretty(batch),
+                    None => to_pretty(&Ordered::Object(entries)),
                 },
                 _ => pretty(body),
             },
