@@ -48,6 +48,9 @@ pub enum CommandError {
     /// `datum run` could not start.
     #[error(transparent)]
     Start(#[from] crate::daemon::StartError),
+    /// The admin API of `datum run` could not start.
+    #[error("admin API: {0}")]
+    AdminApi(#[from] crate::admin::ServeError),
     /// `datum demo`.
     #[error(transparent)]
     Demo(#[from] demo::DemoError),

@@ -49,9 +49,9 @@ pub fn raise_open_file_limit() -> Result<(u64, u64), String> {
 pub async fn run(
     config: &Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<Report, StartError> {
+) -> Result<Report, CommandError> {
     let engine = daemon::engine(config)?;
-    let store = Arc::new(Store::open(&config.state.0)?);
+    let store = Arc::new(Store::open(&config.state.0).map_err(StartError::from)?);
     let prepared = daemon::prepare_with(config, &engine, Some(&store)).await?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let pipelines = daemon::Supervisors::start(prepared, &store, &stop_rx);

@@ -32,9 +32,6 @@ pub enum StartError {
     /// The engine.
     #[error(transparent)]
     Engine(#[from] crate::transform::TransformError),
-    /// The admin API.
-    #[error("admin API: {0}")]
-    Admin(#[from] crate::admin::ServeError),
 }
 
 /// A pipeline ready to run.
