@@ -806,3 +806,67 @@ sink = {{ type = "file", path = "out.jsonl" }}
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `datum run … | head -1` with a `stdout` sink: once the reader goes away
+/// the pipeline stops as on a shutdown and the host exits 0, with no panic
+/// and no error line (the stream is still being written, so the sink does
+/// meet the closed pipe).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_stdout_stops_a_stdout_sink_pipeline_quietly() {
+    use std::io::BufRead;
+    let dir = temp_dir("closed-stdout");
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    client
+        .batch_execute("CREATE TABLE t (id int PRIMARY KEY, pad text)")
+        .await
+        .expect("schema");
+    let config = format!(
+        r#"
+state = "state.redb"
+
+[[pipeline]]
+name = "piped"
+source.url = {url}
+source.tables = ["public.t"]
+sink = {{ type = "stdout" }}
+"#,
+        url = toml_string(&pg.conninfo("postgres")),
+    );
+    let mut host = Host::spawn(&dir, &config, Stdio::piped());
+    let stdout = host.child.stdout.take().expect("stdout");
+    wait_for_slots(&client, &["datum_piped"], &host).await;
+    // Far more than a pipe holds, written while the reader goes away.
+    let writer_conninfo = pg.conninfo("postgres");
+    let writer = tokio::spawn(async move {
+        let client = connect(&writer_conninfo).await;
+        for txn in 0..200 {
+            let first = txn * 100;
+            let _ = client
+                .batch_execute(&format!(
+                    "INSERT INTO t SELECT g, repeat('x', 200) FROM generate_series({first}, {}) g",
+                    first + 99
+                ))
+                .await;
+        }
+    });
+    let first_line = tokio::task::spawn_blocking(move || {
+        let mut reader = std::io::BufReader::new(stdout);
+        let mut line = String::new();
+        reader.read_line(&mut line).expect("read");
+        line
+        // The reader (and the pipe's read end) is dropped here.
+    })
+    .await
+    .expect("reader");
+    assert!(first_line.contains("\"op\""), "{first_line}");
+    let (status, log) = tokio::task::spawn_blocking(move || host.wait(60))
+        .await
+        .expect("wait");
+    writer.abort();
+    assert!(status.success(), "exit {status:?}:\n{log}");
+    assert!(!log.contains("panicked"), "{log}");
+    assert!(!log.contains("ERROR"), "{log}");
+    assert!(log.contains("reader went away"), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
