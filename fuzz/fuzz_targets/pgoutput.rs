@@ -3,7 +3,7 @@
 
 #![no_main]
 
-use datum::source::pgoutput::decode;
+use datum::decode_pgoutput;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -17,10 +17,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use datum::event::{Batch, Change, Column, Relation, ReplicaIdentity};
-use datum::transform::encode::{ChangeRef, encode_input};
-use datum::transform::engine::EngineOptions;
-use datum::transform::{Chain, Engine, Limits, Module};
+use datum::{
+    Batch, Chain, Change, ChangeRef, Column, Engine, EngineOptions, Limits, Module, Relation,
+    ReplicaIdentity, encode_input,
+};
 use datum_guest::{Txn, Value};
 
 fn batch(rows: usize) -> Batch {
@@ -88,7 +88,7 @@ fn example(name: &str) -> Vec<u8> {
 }
 
 fn config(pairs: &str) -> Vec<u8> {
-    datum::transform::encode_config(&toml::from_str(pairs).expect("toml"))
+    datum::encode_config(&toml::from_str(pairs).expect("toml"))
 }
 
 fn benches(c: &mut Criterion) {

@@ -36,10 +36,10 @@ use std::time::SystemTime;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use crate::event::Lsn;
-pub use crate::event::Offset;
+pub(crate) use crate::event::Offset;
 
 /// The format this build writes and the newest it reads.
-pub const FORMAT_VERSION: u64 = 1;
+pub(crate) const FORMAT_VERSION: u64 = 1;
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const OFFSETS: TableDefinition<&str, (u64, u64, u32, i64, i64)> = TableDefinition::new("offsets");

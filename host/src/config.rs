@@ -178,7 +178,7 @@ pub struct GroupCommit(pub Duration);
 
 /// How long a checkpoint waits for more acknowledgements to share its
 /// commit, unless `group_commit` says otherwise.
-pub const DEFAULT_GROUP_COMMIT: Duration = Duration::from_millis(5);
+pub(crate) const DEFAULT_GROUP_COMMIT: Duration = Duration::from_millis(5);
 
 impl Default for GroupCommit {
     fn default() -> Self {
@@ -394,7 +394,7 @@ pub enum StdoutFormat {
     /// JSON lines, one change per line.
     #[default]
     Json,
-    /// The readable view of `datum::sink::pretty`.
+    /// The readable view of `sink::pretty`.
     Pretty,
 }
 
@@ -435,7 +435,10 @@ impl<'de> Deserialize<'de> for Text {
 }
 
 /// Replaces `${NAME}` by `env(NAME)`.
-pub fn interpolate(raw: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+pub(crate) fn interpolate(
+    raw: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<String, String> {
     let mut out = String::with_capacity(raw.len());
     let mut rest = raw;
     while let Some(at) = rest.find('$') {

@@ -14,12 +14,12 @@ static CLOSED: AtomicBool = AtomicBool::new(false);
 
 /// Writes `text` to standard output and flushes it. A closed pipe is
 /// remembered ([`closed`]) and otherwise ignored; other errors are returned.
-pub fn print(text: &str) -> std::io::Result<()> {
+pub(crate) fn print(text: &str) -> std::io::Result<()> {
     write(text.as_bytes())
 }
 
 /// [`print()`] for bytes.
-pub fn write(bytes: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write(bytes: &[u8]) -> std::io::Result<()> {
     let mut out = std::io::stdout().lock();
     let result = out.write_all(bytes).and_then(|()| out.flush());
     match result {
@@ -33,7 +33,7 @@ pub fn write(bytes: &[u8]) -> std::io::Result<()> {
 
 /// Whether `err` says the reader of the pipe went away; if so, it is
 /// remembered.
-pub fn note(err: &std::io::Error) -> bool {
+pub(crate) fn note(err: &std::io::Error) -> bool {
     let broken = is_broken_pipe(err);
     if broken {
         CLOSED.store(true, Ordering::Relaxed);

@@ -5,23 +5,23 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use datum::commands::{self, Outcome, cli};
+use datum::{Cli, Command, CommandOutcome, LogFormat};
 
 fn main() -> ExitCode {
-    let cli = cli::Cli::parse();
+    let cli = Cli::parse();
     logs(&cli);
-    let outcome = commands::dispatch(cli.command);
-    if datum::console::closed() {
+    let outcome = datum::dispatch(cli.command);
+    if datum::stdout_closed() {
         // The reader of standard output went away (`datum … | head`): end
         // quietly, as a filter does.
         return ExitCode::SUCCESS;
     }
     match outcome {
-        Ok(Outcome::Success) => ExitCode::SUCCESS,
-        Ok(Outcome::Failed) => ExitCode::from(1),
+        Ok(CommandOutcome::Success) => ExitCode::SUCCESS,
+        Ok(CommandOutcome::Failed) => ExitCode::from(1),
         Err(err) => {
             if let Some(body) = err.body() {
-                commands::say(body);
+                datum::say(body);
             }
             eprintln!("error: {err}");
             ExitCode::from(err.exit_code())
@@ -30,11 +30,11 @@ fn main() -> ExitCode {
 }
 
 /// Logs to standard error; colour only for a person at a terminal.
-fn logs(cli: &cli::Cli) {
+fn logs(cli: &Cli) {
     // The demo's screen is its output: only warnings go to the log unless
     // RUST_LOG asks for more.
     let default_level = match cli.command {
-        cli::Command::Demo { .. } => "warn",
+        Command::Demo { .. } => "warn",
         _ => "info",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -46,7 +46,7 @@ fn logs(cli: &cli::Cli) {
         .with_ansi(ansi)
         .with_writer(std::io::stderr);
     match cli.log_format {
-        cli::LogFormat::Text => logs.init(),
-        cli::LogFormat::Json => logs.json().init(),
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().init(),
     }
 }

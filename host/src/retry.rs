@@ -8,7 +8,7 @@ use std::time::Duration;
 /// The waits between attempts: `initial`, doubling up to `max`, each
 /// jittered.
 #[derive(Debug, Clone)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     initial: Duration,
     max: Duration,
     next: Duration,
@@ -16,7 +16,7 @@ pub struct Backoff {
 
 impl Backoff {
     /// Waits from `initial` doubling up to `max`.
-    pub fn new(initial: Duration, max: Duration) -> Backoff {
+    pub(crate) fn new(initial: Duration, max: Duration) -> Backoff {
         Backoff {
             initial,
             max: max.max(initial),
@@ -26,14 +26,14 @@ impl Backoff {
 
     /// The wait before the next attempt; the one after is twice as long
     /// (up to the cap).
-    pub fn next_wait(&mut self) -> Duration {
+    pub(crate) fn next_wait(&mut self) -> Duration {
         let wait = jitter(self.next);
         self.next = (self.next * 2).min(self.max);
         wait
     }
 
     /// Back to the initial wait (after an attempt succeeded).
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.next = self.initial;
     }
 }

@@ -4,12 +4,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
-use datum::daemon::Feedback;
-use datum::event::Lsn;
-use datum::event::Offset;
-use datum::event::{Batch, Change};
-use datum::source::stream::SourceStats;
-use datum::source::{SourceConfig, SourceError};
+use datum::{Batch, Change, Feedback, Lsn, Offset, SourceConfig, SourceError, SourceStats};
 use datum_guest::Value;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -45,7 +40,7 @@ impl Running {
     /// Prepares the publication and slot, then starts streaming after
     /// `resume_after`, with a downstream channel of `capacity` batches.
     pub async fn start(config: SourceConfig, resume_after: Lsn, capacity: usize) -> Running {
-        datum::source::prepare(
+        datum::prepare_source(
             &config,
             (resume_after != Lsn::ZERO).then_some(resume_after),
             || Ok(()),
@@ -64,7 +59,7 @@ impl Running {
         });
         let (stop, stop_rx) = oneshot::channel::<()>();
         let stats = Arc::new(SourceStats::default());
-        let handle = tokio::spawn(datum::source::stream::run(
+        let handle = tokio::spawn(datum::run_source(
             config,
             resume_after,
             tx,

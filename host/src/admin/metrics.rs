@@ -45,7 +45,7 @@ impl Family<'_> {
 }
 
 /// The metrics page.
-pub fn render(pipelines: &[Arc<PipelineControl>], store: &Store) -> String {
+pub(crate) fn render(pipelines: &[Arc<PipelineControl>], store: &Store) -> String {
     let mut out = String::new();
     let mut f = Family { out: &mut out };
 

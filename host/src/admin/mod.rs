@@ -10,7 +10,7 @@
 //! `crate::daemon::hotswap` swaps, the state file stores.
 
 pub(crate) mod metrics;
-pub mod openapi;
+pub(crate) mod openapi;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -59,7 +59,7 @@ struct App {
 
 /// An API error: status, stable code, message.
 #[derive(Debug)]
-pub struct ApiError {
+pub(crate) struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
@@ -691,7 +691,7 @@ async fn metrics_handler(State(app): State<Arc<App>>) -> Response {
 }
 
 /// A pipeline's status document (docs/admin.md).
-pub fn status(control: &PipelineControl, store: &Store) -> Json {
+pub(crate) fn status(control: &PipelineControl, store: &Store) -> Json {
     use std::sync::atomic::Ordering::Relaxed;
     let source = &control.source_stats;
     let stats = &control.stats;

@@ -305,7 +305,7 @@ fn operation_id(r: &Route) -> String {
 }
 
 /// The document.
-pub fn document() -> Json {
+pub(crate) fn document() -> Json {
     let mut paths = Map::new();
     for r in ROUTES {
         let item = paths.entry(r.path.to_owned()).or_insert_with(|| json!({}));

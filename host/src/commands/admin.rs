@@ -25,10 +25,10 @@ use crate::event::ordered::{Ordered, to_pretty};
 use crate::config::Config;
 
 /// The API's address when neither `--url` nor `--config` gives one.
-pub const DEFAULT_URL: &str = "http://127.0.0.1:7070";
+pub(crate) const DEFAULT_URL: &str = "http://127.0.0.1:7070";
 
 /// The environment variable that holds the token.
-pub const TOKEN_ENV: &str = "DATUM_ADMIN_TOKEN";
+pub(crate) const TOKEN_ENV: &str = "DATUM_ADMIN_TOKEN";
 
 /// How long a request may take when the configuration does not say: the
 /// host's own default `request_timeout` (30 s) and a margin.
@@ -68,7 +68,7 @@ impl fmt::Debug for Token {
 
 /// Where the API is and how to prove who we are, as the command line says.
 #[derive(Debug, Clone, Default)]
-pub struct Connection {
+pub(crate) struct Connection {
     /// `--config`: the host's configuration file, for its `[admin]` table.
     pub config: Option<PathBuf>,
     /// `--url`: the API's base URL; wins over the configuration's `listen`.
@@ -80,7 +80,7 @@ pub struct Connection {
 
 /// The API to call, resolved from a [`Connection`].
 #[derive(Debug, Clone)]
-pub struct Target {
+pub(crate) struct Target {
     /// Base URL without a trailing `/`, such as `http://127.0.0.1:7070`.
     pub url: String,
     /// The bearer token.
@@ -165,7 +165,7 @@ pub enum DeadLetterAction {
 
 /// A whole `datum admin` invocation.
 #[derive(Debug, Clone)]
-pub struct Args {
+pub(crate) struct Args {
     /// Where the API is.
     pub connection: Connection,
     /// Print the API's JSON answer instead of a summary.
@@ -236,7 +236,7 @@ impl ClientError {
 // The whole command.
 
 /// `datum admin`: one request to a running host; its answer printed.
-pub fn command(args: Args) -> Result<super::Outcome, super::CommandError> {
+pub(crate) fn command(args: Args) -> Result<super::Outcome, super::CommandError> {
     let output = super::block_on(run(&args))??;
     super::say(&output);
     Ok(super::Outcome::Success)
@@ -244,7 +244,7 @@ pub fn command(args: Args) -> Result<super::Outcome, super::CommandError> {
 
 /// Runs a command: resolves the API (with `DATUM_ADMIN_TOKEN` from the
 /// environment), calls it, and returns what to print on standard output.
-pub async fn run(args: &Args) -> Result<String, ClientError> {
+pub(crate) async fn run(args: &Args) -> Result<String, ClientError> {
     let target = resolve(&args.connection, std::env::var(TOKEN_ENV).ok())?;
     let call = prepare(&args.request)?;
     let client = Client::new(target)?;
@@ -266,7 +266,10 @@ pub async fn run(args: &Args) -> Result<String, ClientError> {
 /// `env_token`. With it: the `[admin]` table's `listen` address, and its
 /// `token`, else `env_token`, else the token file the host writes at start;
 /// `--url` and `--token` still win.
-pub fn resolve(connection: &Connection, env_token: Option<String>) -> Result<Target, ClientError> {
+pub(crate) fn resolve(
+    connection: &Connection,
+    env_token: Option<String>,
+) -> Result<Target, ClientError> {
     let config = match &connection.config {
         Some(path) => Some((
             path.as_path(),
@@ -607,7 +610,7 @@ fn fixture_parts(dir: &Path) -> Result<Vec<Part>, ClientError> {
 
 /// One part of a `multipart/form-data` body.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Part {
+pub(crate) struct Part {
     /// The form field's name (`module`, `config`, `fixture`).
     pub name: String,
     /// The file name, for file parts.
@@ -621,7 +624,7 @@ pub struct Part {
 /// A `multipart/form-data` body (RFC 7578) of `parts`: the boundary and the
 /// bytes. The boundary is derived from the contents and occurs in none of
 /// them.
-pub fn multipart(parts: &[Part]) -> (String, Vec<u8>) {
+pub(crate) fn multipart(parts: &[Part]) -> (String, Vec<u8>) {
     let mut digest = Sha256::new();
     for part in parts {
         digest.update(&part.data);
@@ -689,7 +692,7 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 
 /// An HTTP client of one admin API.
 #[derive(Debug)]
-pub struct Client {
+pub(crate) struct Client {
     http: reqwest::Client,
     url: String,
     auth: HeaderValue,
@@ -697,7 +700,7 @@ pub struct Client {
 
 impl Client {
     /// A client of `target`'s API.
-    pub fn new(target: Target) -> Result<Client, ClientError> {
+    pub(crate) fn new(target: Target) -> Result<Client, ClientError> {
         let mut auth = HeaderValue::from_str(&format!("Bearer {}", target.token.expose()))
             .map_err(|_| {
                 ClientError::Usage(
@@ -846,7 +849,7 @@ fn with_newline(mut text: String) -> String {
 
 /// The human summary of `body`, a successful answer to `request` (the body
 /// itself when it is not JSON).
-pub fn render(request: &Request, body: &str) -> String {
+pub(crate) fn render(request: &Request, body: &str) -> String {
     let Ok(answer) = serde_json::from_str::<Value>(body) else {
         // Not JSON (a proxy's page?): show it as it came.
         return with_newline(body.to_owned());
@@ -899,7 +902,7 @@ pub fn render(request: &Request, body: &str) -> String {
 }
 
 /// One pipeline's status block.
-pub fn render_status(status: &Value) -> String {
+pub(crate) fn render_status(status: &Value) -> String {
     let f = |path: &[&str]| field(status, path);
     let mut out = format!("{}: {}\n", f(&["name"]), f(&["state"]));
     let _ = writeln!(

@@ -31,7 +31,7 @@ const MODULE_FILE: &str = "mask_pii.wasm";
 
 /// What `datum demo` does.
 #[derive(Debug, Clone)]
-pub struct Options {
+pub(crate) struct Options {
     /// Stop after this long (else on the `stop` future alone).
     pub duration: Option<Duration>,
     /// Colour: `None` decides by the terminal and `NO_COLOR`.
@@ -83,7 +83,7 @@ pub enum DemoError {
 
 /// What the demo did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Summary {
+pub(crate) struct Summary {
     /// Transactions the writer committed.
     pub written: u64,
     /// Transactions (batches) the sink showed.
@@ -122,14 +122,14 @@ CREATE TABLE orders (
 );";
 
 /// `datum demo`: until SIGINT or SIGTERM, or `options.duration`.
-pub fn command(options: Options) -> Result<super::Outcome, super::CommandError> {
+pub(crate) fn command(options: Options) -> Result<super::Outcome, super::CommandError> {
     super::block_on(run(options, super::signalled()))??;
     Ok(super::Outcome::Success)
 }
 
 /// Runs the demo until `stop` completes or `options.duration` passes.
 /// Writes the demo's own lines and the sink's view to standard output.
-pub async fn run(
+pub(crate) async fn run(
     options: Options,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Summary, DemoError> {

@@ -6,8 +6,8 @@
 
 pub(crate) mod admin;
 pub(crate) mod check;
-pub mod cli;
-pub mod demo;
+pub(crate) mod cli;
+pub(crate) mod demo;
 pub(crate) mod new;
 pub(crate) mod record;
 pub(crate) mod run;
@@ -195,7 +195,7 @@ pub fn dispatch(command: cli::Command) -> Result<Outcome, CommandError> {
 /// waiting on blocking work still running (a module call that outlived its
 /// pipeline's drain, a commit stuck on a failing disk): the command's
 /// outcome is already decided, and the process exits.
-pub fn block_on<F: Future>(future: F) -> Result<F::Output, CommandError> {
+pub(crate) fn block_on<F: Future>(future: F) -> Result<F::Output, CommandError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -206,7 +206,7 @@ pub fn block_on<F: Future>(future: F) -> Result<F::Output, CommandError> {
 }
 
 /// Completes on the first SIGINT or SIGTERM.
-pub async fn signalled() {
+pub(crate) async fn signalled() {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = match signal(SignalKind::terminate()) {
         Ok(term) => term,
@@ -232,7 +232,7 @@ pub fn say(text: &str) {
 
 /// [`std::io::Write`] onto [`say`], for reports written incrementally.
 #[derive(Debug)]
-pub struct Stdout;
+pub(crate) struct Stdout;
 
 impl std::io::Write for Stdout {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {

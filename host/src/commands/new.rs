@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 /// The kinds of transform, one per SDK attribute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// `#[filter]`: keep or drop each change.
     Filter,
     /// `#[map]`: replace each change (or drop it).
@@ -34,10 +34,10 @@ pub enum Kind {
 impl Kind {
     /// Every kind.
     #[cfg(test)]
-    pub const ALL: [Kind; 4] = [Kind::Filter, Kind::Map, Kind::FlatMap, Kind::Transform];
+    pub(crate) const ALL: [Kind; 4] = [Kind::Filter, Kind::Map, Kind::FlatMap, Kind::Transform];
 
     /// The SDK attribute: `filter`, `map`, `flat_map` or `transform`.
-    pub fn attribute(self) -> &'static str {
+    pub(crate) fn attribute(self) -> &'static str {
         match self {
             Kind::Filter => "filter",
             Kind::Map => "map",
@@ -100,11 +100,11 @@ const GITIGNORE: &str = include_str!("../../templates/new/gitignore");
 const BUILT_SDK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../guest-sdk");
 
 /// The command that builds the module, as printed and in the README.
-pub const BUILD_COMMAND: &str = "cargo build --release --target wasm32-wasip1";
+pub(crate) const BUILD_COMMAND: &str = "cargo build --release --target wasm32-wasip1";
 
 /// What to create.
 #[derive(Debug, Clone)]
-pub struct Options {
+pub(crate) struct Options {
     /// The crate's name: letters, digits, `-` and `_`.
     pub name: String,
     /// The kind of transform.
@@ -118,7 +118,7 @@ pub struct Options {
 
 /// What was created.
 #[derive(Debug, Clone)]
-pub struct Created {
+pub(crate) struct Created {
     /// The crate's directory, as given.
     pub dir: PathBuf,
     /// The files written, each `dir` joined with its relative path.
@@ -134,12 +134,12 @@ pub struct Created {
 
 impl Created {
     /// Where the build command writes the module, relative to the crate.
-    pub fn wasm_path(&self) -> String {
+    pub(crate) fn wasm_path(&self) -> String {
         format!("target/wasm32-wasip1/release/{}.wasm", self.lib_name)
     }
 
     /// The `datum test` command to run in the crate's directory.
-    pub fn test_command(&self) -> String {
+    pub(crate) fn test_command(&self) -> String {
         format!("datum test {} fixtures", self.wasm_path())
     }
 }
@@ -220,7 +220,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Reason + '_ {
 }
 
 /// `datum new`: scaffolds the crate and says what to do next.
-pub fn command(options: Options) -> Result<super::Outcome, super::CommandError> {
+pub(crate) fn command(options: Options) -> Result<super::Outcome, super::CommandError> {
     let created = create(&options)?;
     super::say(&created.to_string());
     Ok(super::Outcome::Success)
@@ -229,7 +229,7 @@ pub fn command(options: Options) -> Result<super::Outcome, super::CommandError> 
 /// Creates the crate: checks the name, the directory and the SDK, then
 /// writes `Cargo.toml`, `.gitignore`, `README.md`, `src/lib.rs` and one
 /// fixture case. Nothing is written unless every check passes.
-pub fn create(options: &Options) -> Result<Created, ScaffoldError> {
+pub(crate) fn create(options: &Options) -> Result<Created, ScaffoldError> {
     create_inner(options).map_err(ScaffoldError)
 }
 

@@ -27,11 +27,11 @@ use crate::source::{SourceError, catalog, pgoutput};
 use crate::transform::encode::to_wire;
 
 /// Messages peeked at most: bounds the work the server does for one record.
-pub const MAX_MESSAGES: i64 = 200_000;
+pub(crate) const MAX_MESSAGES: i64 = 200_000;
 
 /// Where and how much to write.
 #[derive(Debug, Clone)]
-pub struct Options {
+pub(crate) struct Options {
     /// Directory for the `NAME.input.json` files (created if missing).
     pub out: PathBuf,
     /// Most batches to write.
@@ -85,7 +85,7 @@ pub enum RecordError {
 
 /// Where `datum record` takes batches from.
 #[derive(Debug, Clone, Default)]
-pub struct Source {
+pub(crate) struct Source {
     /// A database whose slot is peeked (`--url`).
     pub url: Option<String>,
     /// The slot (`--slot`).
@@ -99,7 +99,10 @@ pub struct Source {
 }
 
 /// `datum record`: writes the fixtures and says what to do with them.
-pub fn command(source: Source, options: &Options) -> Result<super::Outcome, super::CommandError> {
+pub(crate) fn command(
+    source: Source,
+    options: &Options,
+) -> Result<super::Outcome, super::CommandError> {
     eprintln!(
         "warning: recorded fixtures hold real rows from your database; review and scrub \
          them before you commit or share them"
@@ -133,7 +136,7 @@ pub fn command(source: Source, options: &Options) -> Result<super::Outcome, supe
 
 /// Records up to `options.limit` pending transactions of `slot`, decoded
 /// with `publication`, without consuming them.
-pub async fn from_slot(
+pub(crate) async fn from_slot(
     conninfo: &str,
     slot: Option<&str>,
     publication: Option<&str>,
@@ -244,7 +247,7 @@ pub async fn from_slot(
 /// Records the dead letters of `pipeline` (of every pipeline when None) from
 /// a state file. The pipeline must not be running: the state file has one
 /// user at a time.
-pub fn from_dead_letters(
+pub(crate) fn from_dead_letters(
     state: &Path,
     pipeline: Option<&str>,
     options: &Options,

@@ -14,7 +14,7 @@ use super::{CommandError, Outcome, block_on, signalled};
 
 /// `datum run CONFIG`: until SIGINT or SIGTERM, or until every pipeline
 /// has stopped; failed when a pipeline did.
-pub fn command(path: &std::path::Path) -> Result<Outcome, CommandError> {
+pub(crate) fn command(path: &std::path::Path) -> Result<Outcome, CommandError> {
     let config = Config::load(path)?;
     match raise_open_file_limit() {
         Ok((soft, hard)) if soft < hard => {
@@ -32,7 +32,7 @@ pub fn command(path: &std::path::Path) -> Result<Outcome, CommandError> {
 /// takes a descriptor, and the soft limit a process inherits is often 1,024
 /// (the admin API's own cap, `max_connections`, is then what refuses
 /// clients, not the descriptor table). The limits before: (soft, hard).
-pub fn raise_open_file_limit() -> Result<(u64, u64), String> {
+pub(crate) fn raise_open_file_limit() -> Result<(u64, u64), String> {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)
         .map_err(|e| format!("reading the open file limit: {e}"))?;
@@ -46,7 +46,7 @@ pub fn raise_open_file_limit() -> Result<(u64, u64), String> {
 /// Runs every pipeline until `shutdown` completes (then each drains and
 /// checkpoints) or each has stopped on its own; serves the admin API when
 /// the configuration has an `[admin]` table.
-pub async fn run(
+pub(crate) async fn run(
     config: &Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Report, CommandError> {

@@ -7,7 +7,11 @@ use super::{CommandError, Outcome, Stdout};
 use crate::golden::{self, Options};
 
 /// Runs the fixtures in `fixtures` against `module`, printing each case.
-pub fn command(module: &Path, fixtures: &Path, options: &Options) -> Result<Outcome, CommandError> {
+pub(crate) fn command(
+    module: &Path,
+    fixtures: &Path,
+    options: &Options,
+) -> Result<Outcome, CommandError> {
     let summary = golden::run_suite(module, fixtures, options, &mut Stdout)?;
     Ok(Outcome::from_ok(summary.failed == 0))
 }

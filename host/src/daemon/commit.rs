@@ -35,7 +35,7 @@ impl Default for CommitPolicy {
 /// advance meanwhile); the error is logged and handed to `failed` each time.
 /// On shutdown the loop keeps trying to commit what is left: the caller
 /// bounds how long it waits for that.
-pub async fn commit_loop(
+pub(crate) async fn commit_loop(
     store: Arc<Store>,
     pipeline: String,
     feedback: Arc<Feedback>,

@@ -29,7 +29,7 @@ use crate::event::Lsn;
 use crate::transform::{Chain, Engine, Limits, Module, TransformError};
 
 /// Versions kept per module for rollback (the active one is always kept).
-pub const KEEP_VERSIONS: usize = 10;
+pub(crate) const KEEP_VERSIONS: usize = 10;
 
 /// One transform of a pipeline, as it runs now.
 #[derive(Debug, Clone)]
@@ -216,7 +216,7 @@ fn answer(waiters: &mut Vec<(u64, oneshot::Sender<Lsn>)>, applied: u64, lsn: Lsn
 
 /// A transform as the configuration file gives it.
 #[derive(Debug, Clone)]
-pub struct Configured {
+pub(crate) struct Configured {
     /// Its name in the pipeline.
     pub name: String,
     /// The module's bytes.
@@ -229,7 +229,7 @@ pub struct Configured {
 
 /// Why a version could not be made or activated.
 #[derive(Debug, thiserror::Error)]
-pub enum SwapError {
+pub(crate) enum SwapError {
     /// Not a usable module: not wasm, the wrong ABI, too large, or its
     /// `datum_init` refused the configuration.
     #[error("{0}")]
@@ -260,7 +260,7 @@ pub enum SwapError {
 
 /// Compiles `wasm` with `config` (TOML text) as transform `name`, and
 /// instantiates it once so `datum_init` vets the configuration.
-pub fn compile(
+pub(crate) fn compile(
     engine: &Engine,
     name: &str,
     wasm: &[u8],
@@ -283,14 +283,14 @@ pub fn compile(
 }
 
 /// The registry key of transform `name` of `pipeline`.
-pub fn key(pipeline: &str, name: &str) -> String {
+pub(crate) fn key(pipeline: &str, name: &str) -> String {
     format!("{pipeline}/{name}")
 }
 
 /// Decides what each configured transform runs at start (see the module
 /// documentation) and returns the slots, activating a new version where
 /// the configuration file changed.
-pub fn resolve(
+pub(crate) fn resolve(
     engine: &Engine,
     store: &Store,
     pipeline: &str,
@@ -349,7 +349,7 @@ pub fn resolve(
 
 /// What a swap or rollback did.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Swapped {
+pub(crate) struct Swapped {
     /// The transform.
     pub module: String,
     /// The version now active.
@@ -364,7 +364,7 @@ pub struct Swapped {
 
 /// A new version, compiled and vetted, not stored yet.
 #[derive(Debug, Clone)]
-pub struct Candidate {
+pub(crate) struct Candidate {
     /// The module's bytes.
     pub wasm: Vec<u8>,
     /// Its configuration, TOML text.
@@ -376,7 +376,7 @@ pub struct Candidate {
 }
 
 /// Stores `candidate` as a new version of transform `name` and activates it.
-pub async fn swap(
+pub(crate) async fn swap(
     store: &Arc<Store>,
     chain: &ActiveChain,
     pipeline: &str,
@@ -418,7 +418,7 @@ pub async fn swap(
 
 /// Re-activates a stored version (`None`: the one active before the
 /// current).
-pub async fn rollback(
+pub(crate) async fn rollback(
     engine: &Engine,
     store: &Arc<Store>,
     chain: &ActiveChain,

@@ -15,11 +15,10 @@
 pub(crate) mod commit;
 pub(crate) mod feedback;
 pub(crate) mod hotswap;
-pub mod pipeline;
+pub(crate) mod pipeline;
 pub(crate) mod prepare;
 pub(crate) mod supervisor;
 
 pub use feedback::Feedback;
-pub use pipeline::{Handles, PipelineConfig, PipelineError, PipelineStats};
-pub use prepare::{Prepared, StartError, engine, prepare, prepare_with};
-pub use supervisor::{PipelineControl, PipelineState, Report, Supervisors};
+pub(crate) use prepare::{Prepared, StartError, engine, prepare, prepare_with};
+pub(crate) use supervisor::{PipelineControl, PipelineState, Report, Supervisors};

@@ -197,7 +197,7 @@ pub struct PipelineStats {
 }
 
 /// Upper bounds of the transform-time histogram, µs.
-pub const TRANSFORM_BUCKETS: [u64; 10] = [
+pub(crate) const TRANSFORM_BUCKETS: [u64; 10] = [
     50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 50_000, 250_000,
 ];
 

@@ -36,7 +36,7 @@ pub enum StartError {
 
 /// A pipeline ready to run.
 #[derive(Debug)]
-pub struct Prepared {
+pub(crate) struct Prepared {
     /// Its settings.
     pub config: PipelineConfig,
     /// Its sink.
@@ -44,7 +44,7 @@ pub struct Prepared {
 }
 
 /// The engine every module of `config` runs on.
-pub fn engine(config: &Config) -> Result<Engine, StartError> {
+pub(crate) fn engine(config: &Config) -> Result<Engine, StartError> {
     let fuel = config
         .pipeline
         .iter()
@@ -61,11 +61,11 @@ pub fn engine(config: &Config) -> Result<Engine, StartError> {
 /// pipelines start. With a state file, each pipeline's modules are
 /// resolved against its module registry (`crate::daemon::hotswap`); without, they
 /// are the configuration's, outside the registry.
-pub async fn prepare(config: &Config) -> Result<Vec<Prepared>, StartError> {
+pub(crate) async fn prepare(config: &Config) -> Result<Vec<Prepared>, StartError> {
     prepare_with(config, &engine(config)?, None).await
 }
 
-pub async fn prepare_with(
+pub(crate) async fn prepare_with(
     config: &Config,
     engine: &Engine,
     store: Option<&Store>,

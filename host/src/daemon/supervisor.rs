@@ -21,14 +21,14 @@ use super::prepare::Prepared;
 
 /// How each pipeline ended.
 #[derive(Debug, Default)]
-pub struct Report {
+pub(crate) struct Report {
     /// `(pipeline, outcome)`, in configuration order.
     pub pipelines: Vec<(String, Result<(), PipelineError>)>,
 }
 
 impl Report {
     /// Whether every pipeline stopped cleanly.
-    pub fn ok(&self) -> bool {
+    pub(crate) fn ok(&self) -> bool {
         self.pipelines.iter().all(|(_, r)| r.is_ok())
     }
 }
@@ -268,7 +268,7 @@ async fn supervise(
 /// Every pipeline of a host, each under its supervisor, and the sampler
 /// of their rates.
 #[derive(Debug)]
-pub struct Supervisors {
+pub(crate) struct Supervisors {
     controls: Vec<Arc<PipelineControl>>,
     tasks: Vec<(String, tokio::task::JoinHandle<Result<(), PipelineError>>)>,
     sampler: tokio::task::JoinHandle<()>,
@@ -276,7 +276,7 @@ pub struct Supervisors {
 
 impl Supervisors {
     /// Starts every pipeline; each runs until `stop` turns true.
-    pub fn start(
+    pub(crate) fn start(
         prepared: Vec<Prepared>,
         store: &Arc<Store>,
         stop: &watch::Receiver<bool>,
@@ -313,12 +313,12 @@ impl Supervisors {
     }
 
     /// What the admin API drives: one control per pipeline.
-    pub fn controls(&self) -> Vec<Arc<PipelineControl>> {
+    pub(crate) fn controls(&self) -> Vec<Arc<PipelineControl>> {
         self.controls.clone()
     }
 
     /// Waits until every pipeline has ended; how each did.
-    pub async fn wait(self) -> Report {
+    pub(crate) async fn wait(self) -> Report {
         let mut report = Report::default();
         for (name, task) in self.tasks {
             let outcome = match task.await {

@@ -37,7 +37,7 @@ impl Default for BatchLimits {
 /// batch at the row limit costs as much as one at the byte limit (row data
 /// in memory is several times its wire size) and a budget of `n` full
 /// batches holds `n` of them, whichever limit they reached.
-pub fn cost(bytes: usize, rows: usize, limits: BatchLimits) -> usize {
+pub(crate) fn cost(bytes: usize, rows: usize, limits: BatchLimits) -> usize {
     let per_row = limits.max_bytes / limits.max_rows.max(1);
     bytes.max(rows.saturating_mul(per_row))
 }
@@ -178,7 +178,7 @@ pub struct Batch {
 
 impl Batch {
     /// What this batch counts against the byte budgets between stages
-    /// ([`crate::event::cost`]).
+    /// (the free function `cost` beside it).
     pub fn cost(&self, limits: crate::event::BatchLimits) -> usize {
         cost(self.bytes, self.changes.len(), limits)
     }

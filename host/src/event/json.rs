@@ -32,7 +32,7 @@ use super::values::{TypeKind, parse_typed};
 /// A value in its JSON form; serializes and deserializes as
 /// `docs/fixtures.md` describes.
 #[derive(Debug, Clone, PartialEq)]
-pub struct JsonValue(pub Value);
+pub(crate) struct JsonValue(pub Value);
 
 impl Serialize for JsonValue {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
@@ -298,7 +298,7 @@ impl Serialize for RowJson<'_> {
 
 /// Whether a change's JSON form lists its columns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ColumnsForm {
+pub(crate) enum ColumnsForm {
     /// Only when they cannot be inferred from the rows (with `key`).
     Auto,
     /// Never (when a fixture left them out, so a diff shows no noise).
@@ -310,7 +310,7 @@ pub enum ColumnsForm {
 }
 
 /// A change in its JSON form, keys in a fixed order.
-pub struct ChangeJson<'a> {
+pub(crate) struct ChangeJson<'a> {
     /// The change.
     pub change: &'a Change,
     /// Whether `columns` is written.
@@ -401,7 +401,7 @@ impl<T: fmt::Display> Serialize for Text<T> {
 }
 
 /// A transaction in its JSON form.
-pub struct TxnJson<'a>(pub &'a Txn);
+pub(crate) struct TxnJson<'a>(pub &'a Txn);
 
 impl fmt::Debug for TxnJson<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -429,7 +429,7 @@ impl Serialize for TxnJson<'_> {
 }
 
 /// A batch in its JSON form: `{"txn": ..., "changes": [...]}`.
-pub struct BatchJson<'a>(pub &'a Batch);
+pub(crate) struct BatchJson<'a>(pub &'a Batch);
 
 impl fmt::Debug for BatchJson<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -447,7 +447,7 @@ impl Serialize for BatchJson<'_> {
 }
 
 /// A list of changes in their JSON form.
-pub struct Changes<'a>(pub &'a [Change], pub ColumnsForm);
+pub(crate) struct Changes<'a>(pub &'a [Change], pub ColumnsForm);
 
 impl fmt::Debug for Changes<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -471,7 +471,7 @@ impl Serialize for Changes<'_> {
 /// The columns a change's rows imply: their names, in order (`new` first,
 /// then names only `old` has), each typed by its first non-null value
 /// (`text` when every value is null), `key` marking the given names.
-pub fn infer_columns(new: Option<&Row>, old: Option<&Row>, key: &[String]) -> Vec<Column> {
+pub(crate) fn infer_columns(new: Option<&Row>, old: Option<&Row>, key: &[String]) -> Vec<Column> {
     let mut columns: Vec<Column> = Vec::new();
     for row in [new, old].into_iter().flatten() {
         for (name, _) in row.fields() {

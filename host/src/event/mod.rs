@@ -10,14 +10,15 @@
 //! Everything else imports this room; it imports none of them.
 
 pub(crate) mod batch;
-pub mod json;
+pub(crate) mod json;
 pub(crate) mod lsn;
 pub(crate) mod offset;
 pub(crate) mod ordered;
 pub(crate) mod text;
 pub(crate) mod values;
 
-pub use batch::{Batch, BatchLimits, Change, Column, OldRow, Relation, ReplicaIdentity, cost};
+pub use batch::{Batch, Change, Column, Relation, ReplicaIdentity};
+pub(crate) use batch::{BatchLimits, OldRow};
 pub use lsn::Lsn;
 pub use offset::Offset;
-pub use values::TypeKind;
+pub(crate) use values::TypeKind;

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize, Serializer};
 /// JSON text for people: a container that fits on a line of 100
 /// characters stays on one line, a larger one gets a line per element;
 /// keys keep their order. Ends with a newline.
-pub fn to_pretty<T: Serialize + ?Sized>(value: &T) -> String {
+pub(crate) fn to_pretty<T: Serialize + ?Sized>(value: &T) -> String {
     // Serializing these types cannot fail: every map key is a string, and a
     // compact document always reads back as a tree.
     let compact = serde_json::to_string(value).unwrap_or_default();

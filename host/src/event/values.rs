@@ -30,7 +30,7 @@ const MAX_DIMS: usize = 6;
 
 /// How a column's text form becomes a Value.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TypeKind {
+pub(crate) enum TypeKind {
     /// `bool`: `t` or `f`.
     Bool,
     /// `int2`, `int4`, `int8`, `oid`.
@@ -84,7 +84,7 @@ impl TypeKind {
     /// Built in means listed in PostgreSQL's `pg_type.dat` (OIDs below
     /// 10000). Types that `initdb` creates later (the `information_schema`
     /// domains, most catalogs' row types) are not: they are looked up.
-    pub fn builtin(oid: u32) -> Option<TypeKind> {
+    pub(crate) fn builtin(oid: u32) -> Option<TypeKind> {
         if let Some(kind) = scalar_kind(oid) {
             return Some(kind);
         }
@@ -106,7 +106,7 @@ impl TypeKind {
     /// names one: `Int` is "int8" (the width of `Value::Int`), `Text` is
     /// "text", `Json` is "json"; an array of them likewise. `builtin_name`
     /// gives the exact name of a built-in type by OID.
-    pub fn name(&self) -> String {
+    pub(crate) fn name(&self) -> String {
         match self {
             TypeKind::Array { element, .. } => format!("{}[]", element.name()),
             TypeKind::Other { type_name } => type_name.clone(),
@@ -130,7 +130,7 @@ impl TypeKind {
 
 /// The name of a built-in type as shown to users (`int4`, `text[]` for
 /// `_text`), or None for an OID that is not built in.
-pub fn builtin_name(oid: u32) -> Option<&'static str> {
+pub(crate) fn builtin_name(oid: u32) -> Option<&'static str> {
     BUILTIN_NAMES
         .binary_search_by_key(&oid, |&(o, _)| o)
         .ok()
@@ -200,7 +200,7 @@ fn array_element_kind(oid: u32) -> Option<TypeKind> {
 /// Text that is not UTF-8 (impossible with `client_encoding=UTF8`) becomes
 /// `Value::Other` too, its text made UTF-8 lossily (invalid sequences become
 /// U+FFFD): the only case where bytes are lost, and one the server rules out.
-pub fn parse(kind: &TypeKind, text: &[u8]) -> Value {
+pub(crate) fn parse(kind: &TypeKind, text: &[u8]) -> Value {
     match parse_typed(kind, text) {
         Some(value) => value,
         None => other(kind, text),

@@ -4,10 +4,10 @@
 //! `cargo test` can call it:
 //!
 //! ```no_run
-//! let summary = datum::golden::run_suite(
+//! let summary = datum::run_suite(
 //!     "target/wasm32-wasip1/release/my_filter.wasm".as_ref(),
 //!     "fixtures".as_ref(),
-//!     &datum::golden::Options::default(),
+//!     &datum::GoldenOptions::default(),
 //!     &mut std::io::stdout(),
 //! )
 //! .expect("the module and the fixtures load");
@@ -22,7 +22,7 @@
 //!
 //! Each case gets a fresh instance, so cases do not depend on their order.
 
-pub mod fixture;
+pub(crate) mod fixture;
 
 use std::fmt;
 use std::io::Write;
@@ -158,11 +158,9 @@ impl<'de> Deserialize<'de> for Expected {
 
 /// One case of a fixture directory.
 #[derive(Debug, Clone)]
-pub struct Case {
+pub(crate) struct Case {
     /// The name: the input file's name without `.input.json`.
     pub name: String,
-    /// The input file.
-    pub input_path: PathBuf,
     /// The expected file (which may not exist yet).
     pub expected_path: PathBuf,
     /// The case's own configuration file, if it has one.
@@ -185,7 +183,7 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, GoldenErr
 }
 
 /// Reads a TOML configuration file into the table `datum_init` receives.
-pub fn read_config(path: &Path) -> Result<toml::Table, GoldenError> {
+pub(crate) fn read_config(path: &Path) -> Result<toml::Table, GoldenError> {
     read_text(path)?
         .parse::<toml::Table>()
         .map_err(|e| GoldenError::Config {
@@ -196,7 +194,7 @@ pub fn read_config(path: &Path) -> Result<toml::Table, GoldenError> {
 
 impl Case {
     /// Loads case `name` of `dir`.
-    pub fn load(dir: &Path, name: &str) -> Result<Case, GoldenError> {
+    pub(crate) fn load(dir: &Path, name: &str) -> Result<Case, GoldenError> {
         let input_path = dir.join(format!("{name}{INPUT_SUFFIX}"));
         let expected_path = dir.join(format!("{name}{EXPECTED_SUFFIX}"));
         let config_path = dir.join(format!("{name}{CONFIG_SUFFIX}"));
@@ -208,7 +206,6 @@ impl Case {
         };
         Ok(Case {
             name: name.to_owned(),
-            input_path,
             expected_path,
             config_path: config_path.exists().then_some(config_path),
             input,
@@ -219,7 +216,7 @@ impl Case {
 
 /// The case names of a directory, sorted, those containing `filter` only
 /// when given.
-pub fn case_names(dir: &Path, filter: Option<&str>) -> Result<Vec<String>, GoldenError> {
+pub(crate) fn case_names(dir: &Path, filter: Option<&str>) -> Result<Vec<String>, GoldenError> {
     let mut names = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(io(dir))? {
         let entry = entry.map_err(io(dir))?;
@@ -335,7 +332,7 @@ pub struct CaseResult {
 /// A module loaded for golden runs: the production engine with fuel
 /// metering, and the production limits.
 #[derive(Debug, Clone)]
-pub struct Runner {
+pub(crate) struct Runner {
     module: Module,
     path: PathBuf,
 }
@@ -343,7 +340,7 @@ pub struct Runner {
 impl Runner {
     /// Loads the module at `path`; `config` is the configuration cases get
     /// unless their directory or they have their own.
-    pub fn load(path: &Path, config: Option<&toml::Table>) -> Result<Runner, GoldenError> {
+    pub(crate) fn load(path: &Path, config: Option<&toml::Table>) -> Result<Runner, GoldenError> {
         let wasm = std::fs::read(path).map_err(io(path))?;
         crate::transform::check_binary(&wasm).map_err(|error| GoldenError::Module {
             path: path.to_owned(),
@@ -360,7 +357,7 @@ impl Runner {
     }
 
     /// Loads a module from its bytes.
-    pub fn from_bytes(
+    pub(crate) fn from_bytes(
         name: &str,
         wasm: &[u8],
         config: Option<&toml::Table>,
@@ -376,13 +373,8 @@ impl Runner {
         })
     }
 
-    /// The module.
-    pub fn module(&self) -> &Module {
-        &self.module
-    }
-
     /// Runs one batch with `config` (or the runner's), on a fresh instance.
-    pub fn run_batch(
+    pub(crate) fn run_batch(
         &self,
         batch: &WireBatch,
         config: Option<&toml::Table>,
@@ -409,7 +401,7 @@ impl Runner {
 
     /// Runs a case and compares; with `bless`, writes the expected file
     /// from the output instead of failing.
-    pub fn run(
+    pub(crate) fn run(
         &self,
         case: &Case,
         dir_config: Option<&toml::Table>,
@@ -462,7 +454,7 @@ fn empty_config() -> Vec<u8> {
 }
 
 /// Compares; None when the actual output is what is expected, else a diff.
-pub fn compare(expected: &Expected, actual: &Actual) -> Option<String> {
+pub(crate) fn compare(expected: &Expected, actual: &Actual) -> Option<String> {
     let matches = match (expected, actual) {
         (Expected::Changes(want), Actual::Changes(got)) => {
             want.len() == got.len()
@@ -584,7 +576,7 @@ fn render_actual_like(actual: &Actual, expected: &Expected) -> String {
 /// The host batch a fixture's batch stands for: each change in the host's
 /// representation when it holds it exactly (as the source would have produced
 /// it), else as given (a snapshot row, a route, a row lacking columns).
-pub fn source_items(batch: &WireBatch) -> Transformed {
+pub(crate) fn source_items(batch: &WireBatch) -> Transformed {
     let mut source = Batch {
         txn: batch.txn,
         changes: Vec::new(),

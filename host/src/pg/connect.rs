@@ -49,7 +49,7 @@ impl ConnectError {
 }
 
 /// Opens an ordinary SQL connection and drives it on a task.
-pub async fn connect(info: &ConnInfo) -> Result<Client, ConnectError> {
+pub(crate) async fn connect(info: &ConnInfo) -> Result<Client, ConnectError> {
     let config = info.tokio_postgres_config();
     let client = match tls::connector(info)? {
         None => {

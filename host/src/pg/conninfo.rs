@@ -42,7 +42,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 /// The keys accepted in connection strings, in the order they are printed.
-pub const KEYS: [&str; 11] = [
+pub(crate) const KEYS: [&str; 11] = [
     "host",
     "hostaddr",
     "port",
@@ -57,7 +57,7 @@ pub const KEYS: [&str; 11] = [
 ];
 
 /// PostgreSQL's default port.
-pub const DEFAULT_PORT: u16 = 5432;
+pub(crate) const DEFAULT_PORT: u16 = 5432;
 
 /// Socket directories probed when no host is given, in order.
 const DEFAULT_SOCKET_DIRS: [&str; 2] = ["/var/run/postgresql", "/tmp"];

@@ -2,7 +2,7 @@
 //! its causes as one line.
 
 /// Whether an error of this SQLSTATE describes a passing condition.
-pub fn transient_sqlstate(code: &str) -> bool {
+pub(crate) fn transient_sqlstate(code: &str) -> bool {
     matches!(
         &code[..code.len().min(2)],
         "08" // connection exception
@@ -15,7 +15,7 @@ pub fn transient_sqlstate(code: &str) -> bool {
 
 /// An error with its causes, `a: b: c` (a cause already in the text is
 /// not repeated).
-pub fn error_chain(err: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
     let mut text = err.to_string();
     let mut source = err.source();
     while let Some(cause) = source {

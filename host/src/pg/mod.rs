@@ -13,8 +13,8 @@ mod error;
 mod quote;
 pub(crate) mod tls;
 
-pub use connect::{ConnectError, connect};
-pub use conninfo::{ConnInfo, ConnInfoError, Host, SslMode};
-pub use error::{error_chain, transient_sqlstate};
-pub use quote::{quote_ident, quote_literal};
-pub use tls::TlsError;
+pub(crate) use connect::{ConnectError, connect};
+pub(crate) use conninfo::{ConnInfo, Host, SslMode};
+pub(crate) use error::{error_chain, transient_sqlstate};
+pub(crate) use quote::{quote_ident, quote_literal};
+pub(crate) use tls::TlsError;

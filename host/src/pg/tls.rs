@@ -158,7 +158,7 @@ impl TlsError {
 
 /// Builds the TLS connector for `info`; `None` when no TLS is to be tried
 /// (`sslmode=disable`, or a unix socket).
-pub fn connector(info: &ConnInfo) -> Result<Option<TlsConnect>, TlsError> {
+pub(crate) fn connector(info: &ConnInfo) -> Result<Option<TlsConnect>, TlsError> {
     connector_with_home(info, home_dir().as_deref())
 }
 
@@ -405,7 +405,7 @@ impl ServerCertVerifier for ChainOnly {
 /// clone. Also a tokio-postgres [`MakeTlsConnect`], for the `ConnInfo`'s
 /// [`tokio_postgres_config`](ConnInfo::tokio_postgres_config).
 #[derive(Clone)]
-pub struct TlsConnect {
+pub(crate) struct TlsConnect {
     config: Arc<ClientConfig>,
     server_name: ServerName<'static>,
     mode: SslMode,
@@ -423,7 +423,7 @@ impl fmt::Debug for TlsConnect {
 impl TlsConnect {
     /// Runs the TLS handshake over `stream`, after the server answered `S`
     /// to `SSLRequest`.
-    pub async fn handshake<S>(
+    pub(crate) async fn handshake<S>(
         &self,
         stream: S,
     ) -> Result<tokio_rustls::client::TlsStream<S>, TlsError>
@@ -450,7 +450,7 @@ impl TlsConnect {
     /// caller goes on in plaintext when the server answers `N`; with any
     /// other mode that answer is an error. (libpq's `prefer` also retries in
     /// plaintext after a failed handshake; whether to is the caller's call.)
-    pub fn mode(&self) -> SslMode {
+    pub(crate) fn mode(&self) -> SslMode {
         self.mode
     }
 }
@@ -458,14 +458,14 @@ impl TlsConnect {
 /// The `tls-server-end-point` channel-binding data of a TLS session: a hash
 /// of the server's certificate. `None` when there is no certificate or its
 /// signature algorithm has no defined hash (e.g. Ed25519).
-pub fn server_end_point<S>(stream: &tokio_rustls::client::TlsStream<S>) -> Option<Vec<u8>> {
+pub(crate) fn server_end_point<S>(stream: &tokio_rustls::client::TlsStream<S>) -> Option<Vec<u8>> {
     let (_, session) = stream.get_ref();
     end_point_hash(session.peer_certificates()?.first()?)
 }
 
 /// RFC 5929 §4.1: hash the DER certificate with its signature's hash
 /// function, except that MD5 and SHA-1 are replaced by SHA-256.
-pub fn end_point_hash(cert_der: &[u8]) -> Option<Vec<u8>> {
+pub(crate) fn end_point_hash(cert_der: &[u8]) -> Option<Vec<u8>> {
     Some(match signature_hash(cert_der)? {
         Hash::Sha224 => sha2::Sha224::digest(cert_der).to_vec(),
         Hash::Sha256 => sha2::Sha256::digest(cert_der).to_vec(),
@@ -601,7 +601,7 @@ where
 
 /// A TLS stream as tokio-postgres wants it: with channel-binding data.
 #[derive(Debug)]
-pub struct PgTlsStream<S>(tokio_rustls::client::TlsStream<S>);
+pub(crate) struct PgTlsStream<S>(tokio_rustls::client::TlsStream<S>);
 
 impl<S: AsyncRead + AsyncWrite + Unpin> tokio_postgres::tls::TlsStream for PgTlsStream<S> {
     fn channel_binding(&self) -> ChannelBinding {

@@ -19,7 +19,7 @@ use crate::transform::Transformed;
 
 /// See the module documentation.
 #[derive(Debug)]
-pub struct FileSink {
+pub(crate) struct FileSink {
     state: Arc<Mutex<State>>,
     buffer: Vec<u8>,
     written: u64,
@@ -59,7 +59,7 @@ fn sync_dir(path: &Path) -> Result<(), SinkError> {
 
 impl FileSink {
     /// Opens (or creates) `path` for appending; the directory must exist.
-    pub fn open(path: &Path, rotate_at: Option<u64>) -> Result<FileSink, SinkError> {
+    pub(crate) fn open(path: &Path, rotate_at: Option<u64>) -> Result<FileSink, SinkError> {
         let file = open(path)?;
         let size = drop_torn_tail(path, &file)?;
         sync_dir(path)?;

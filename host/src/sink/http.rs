@@ -39,7 +39,7 @@ use crate::sink::json::SinkChangeJson;
 use crate::transform::Transformed;
 
 /// The header that names the batch.
-pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+pub(crate) const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
 /// How much of an error response's body a message quotes.
 const EXCERPT_CHARS: usize = 200;
@@ -164,12 +164,12 @@ impl HttpSink {
 /// The batch's identity: `XID-COMMITLSN-CHUNK`, the LSN in upper-case hex.
 /// The commit LSN alone names a transaction; the xid makes the key readable
 /// and the chunk tells a large transaction's batches apart.
-pub fn idempotency_key(txn: &Txn) -> String {
+pub(crate) fn idempotency_key(txn: &Txn) -> String {
     format!("{}-{:X}-{}", txn.xid, txn.commit_lsn, txn.chunk)
 }
 
 /// Writes the request body of `batch` to `out` (see the module docs).
-pub fn render(batch: &Transformed, out: &mut Vec<u8>) {
+pub(crate) fn render(batch: &Transformed, out: &mut Vec<u8>) {
     struct Changes<'a>(&'a Transformed);
     impl serde::Serialize for Changes<'_> {
         fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
@@ -259,7 +259,7 @@ impl Sink for HttpSink {
 /// Whether a non-2xx answer may change on retry: the receiver timed out
 /// (408), asked to slow down (429) or failed (5xx), or answered something
 /// this sink does not understand. A 3xx or another 4xx will not change.
-pub fn is_transient(status: StatusCode) -> bool {
+pub(crate) fn is_transient(status: StatusCode) -> bool {
     match status.as_u16() {
         408 | 429 => true,
         300..=499 => false,

@@ -12,7 +12,7 @@ use crate::event::json::{ChangeJson, ColumnsForm, ValueJson};
 /// written straight from the source's rows when the change is one (no copy
 /// of names or values per row: this is the sinks' hot path).
 #[derive(Debug)]
-pub struct SinkChangeJson<'a>(pub crate::transform::encode::ChangeRef<'a>);
+pub(crate) struct SinkChangeJson<'a>(pub crate::transform::encode::ChangeRef<'a>);
 
 impl Serialize for SinkChangeJson<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {

@@ -15,7 +15,7 @@ use crate::transform::Transformed;
 ///
 /// Each line is `{"txn": TXN, ...the change's fields}`; the transaction's
 /// JSON is rendered once per batch, not once per line.
-pub fn render(batch: &Transformed, out: &mut Vec<u8>) {
+pub(crate) fn render(batch: &Transformed, out: &mut Vec<u8>) {
     let txn: &Txn = batch.txn();
     let mut prefix = b"{\"txn\":".to_vec();
     // Every key is a string and every value serializable: this cannot

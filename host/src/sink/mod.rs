@@ -6,10 +6,10 @@
 //! does not own retries or the checkpoint: the pipeline does.
 
 pub(crate) mod file;
-pub mod http;
+pub(crate) mod http;
 pub(crate) mod json;
 pub(crate) mod jsonl;
-pub mod postgres;
+pub(crate) mod postgres;
 pub(crate) mod pretty;
 pub(crate) mod stdout;
 
@@ -122,7 +122,7 @@ impl<S: Sink> Sink for &mut S {
 
 /// Every sink the configuration can name.
 #[derive(Debug)]
-pub enum AnySink {
+pub(crate) enum AnySink {
     /// `stdout`.
     Stdout(StdoutSink),
     /// `file`.
@@ -164,7 +164,7 @@ impl Sink for AnySink {
 
 /// Opens the sink `spec` names for pipeline `pipeline` (a `postgres` sink
 /// connects to its target). The error says what is wrong with it.
-pub async fn open(spec: &SinkSpec, pipeline: &str) -> Result<AnySink, String> {
+pub(crate) async fn open(spec: &SinkSpec, pipeline: &str) -> Result<AnySink, String> {
     let name = pipeline;
     Ok(match spec {
         SinkSpec::Stdout {

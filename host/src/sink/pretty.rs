@@ -35,7 +35,7 @@ const HEX_WIDTH: usize = 16;
 
 /// ANSI styling, or none.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Style {
+pub(crate) struct Style {
     /// Whether to write ANSI colour codes.
     pub color: bool,
 }
@@ -51,7 +51,7 @@ impl Style {
 }
 
 /// Appends the batch's rendering to `out`.
-pub fn render(batch: &Transformed, style: Style, out: &mut String) {
+pub(crate) fn render(batch: &Transformed, style: Style, out: &mut String) {
     let txn = batch.txn();
     let inputs: Vec<WireChange> = batch
         .source

@@ -11,7 +11,7 @@ use crate::transform::Transformed;
 
 /// See the module documentation.
 #[derive(Debug, Default)]
-pub struct StdoutSink {
+pub(crate) struct StdoutSink {
     buffer: Vec<u8>,
     pretty: Option<Style>,
     written: u64,
@@ -19,14 +19,14 @@ pub struct StdoutSink {
 
 impl StdoutSink {
     /// A sink writing JSON lines to the process's standard output.
-    pub fn new() -> StdoutSink {
+    pub(crate) fn new() -> StdoutSink {
         StdoutSink::default()
     }
 
     /// A sink writing the readable view of [`pretty`] instead; `color`
     /// `None` means colour when standard output is a terminal and
     /// `NO_COLOR` is not set.
-    pub fn pretty(color: Option<bool>) -> StdoutSink {
+    pub(crate) fn pretty(color: Option<bool>) -> StdoutSink {
         let color = color.unwrap_or_else(|| {
             std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
         });

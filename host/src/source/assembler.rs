@@ -34,7 +34,7 @@ use crate::event::{BatchLimits, Lsn};
 
 /// A type the catalog told us about.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ResolvedType {
+pub(crate) struct ResolvedType {
     /// The name to show (schema-qualified unless `pg_catalog` or `public`).
     pub name: String,
     /// How to parse it.
@@ -67,7 +67,7 @@ struct Partial {
 
 /// See the module documentation.
 #[derive(Debug)]
-pub struct Assembler {
+pub(crate) struct Assembler {
     limits: BatchLimits,
     relations: HashMap<u32, Arc<Relation>>,
     types: HashMap<u32, ResolvedType>,
@@ -79,7 +79,7 @@ pub struct Assembler {
 
 impl Assembler {
     /// An assembler that emits only transactions ending after `resume_after`.
-    pub fn new(limits: BatchLimits, resume_after: Lsn) -> Assembler {
+    pub(crate) fn new(limits: BatchLimits, resume_after: Lsn) -> Assembler {
         Assembler {
             limits: BatchLimits {
                 max_rows: limits.max_rows.max(1),
@@ -98,7 +98,7 @@ impl Assembler {
     /// transaction boundary and re-sends Relation messages. Changes of a
     /// transaction that was partly delivered will be skipped when it comes
     /// again. `resume_after` only ever moves forward.
-    pub fn reconnected(&mut self, resume_after: Lsn) {
+    pub(crate) fn reconnected(&mut self, resume_after: Lsn) {
         if let Some(open) = self.open.take()
             && !open.skip_all
         {
@@ -120,17 +120,17 @@ impl Assembler {
     /// The end LSN of the last complete transaction emitted, or the resume
     /// point given at the start.
     #[cfg(test)]
-    pub fn resume_after(&self) -> Lsn {
+    pub(crate) fn resume_after(&self) -> Lsn {
         self.resume_after
     }
 
     /// Whether a transaction is open (its Begin seen, its Commit not yet).
-    pub fn in_transaction(&self) -> bool {
+    pub(crate) fn in_transaction(&self) -> bool {
         self.open.is_some()
     }
 
     /// Type OIDs of a Relation message that are neither built in nor known.
-    pub fn missing_types(&self, relation: &pgoutput::Relation<'_>) -> Vec<u32> {
+    pub(crate) fn missing_types(&self, relation: &pgoutput::Relation<'_>) -> Vec<u32> {
         let mut missing: Vec<u32> = relation
             .columns
             .iter()
@@ -143,12 +143,12 @@ impl Assembler {
     }
 
     /// Records types resolved from the catalog.
-    pub fn add_types(&mut self, types: impl IntoIterator<Item = (u32, ResolvedType)>) {
+    pub(crate) fn add_types(&mut self, types: impl IntoIterator<Item = (u32, ResolvedType)>) {
         self.types.extend(types);
     }
 
     /// Feeds one message; returns a batch when one is complete.
-    pub fn push(&mut self, message: Message<'_>) -> Result<Option<Batch>, SourceError> {
+    pub(crate) fn push(&mut self, message: Message<'_>) -> Result<Option<Batch>, SourceError> {
         match message {
             Message::Begin {
                 final_lsn,

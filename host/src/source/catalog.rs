@@ -17,14 +17,14 @@ use crate::event::{Lsn, TypeKind};
 use crate::pg::{self, ConnInfo};
 
 /// Opens an ordinary SQL connection to the source database.
-pub async fn connect(info: &ConnInfo) -> Result<Client, SourceError> {
+pub(crate) async fn connect(info: &ConnInfo) -> Result<Client, SourceError> {
     Ok(pg::connect(info).await?)
 }
 
 /// Resolves type OIDs that are not built in: enums become text, domains their
 /// base type, arrays of such types arrays. A type the catalog no longer knows
 /// stays unresolved (the caller falls back to its name from the stream).
-pub async fn resolve_types(
+pub(crate) async fn resolve_types(
     client: &Client,
     oids: &[u32],
 ) -> Result<HashMap<u32, ResolvedType>, SourceError> {
@@ -130,7 +130,7 @@ fn kind_of(raw: &HashMap<u32, RawType>, oid: u32, depth: u32) -> TypeKind {
 
 /// A replication slot as `pg_replication_slots` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SlotState {
+pub(crate) struct SlotState {
     /// The output plugin (`pgoutput` for ours).
     pub plugin: Option<String>,
     /// `logical` or `physical`.
@@ -153,7 +153,10 @@ pub struct SlotState {
 }
 
 /// Reads a slot's state; `None` if there is no such slot.
-pub async fn slot_state(client: &Client, slot: &str) -> Result<Option<SlotState>, SourceError> {
+pub(crate) async fn slot_state(
+    client: &Client,
+    slot: &str,
+) -> Result<Option<SlotState>, SourceError> {
     let row = client
         .query_opt(
             "SELECT plugin::text, slot_type, database::text, active, active_pid,
@@ -184,7 +187,7 @@ pub async fn slot_state(client: &Client, slot: &str) -> Result<Option<SlotState>
 }
 
 /// A setting as `SHOW` reports it.
-pub async fn show(client: &Client, setting: &str) -> Result<String, SourceError> {
+pub(crate) async fn show(client: &Client, setting: &str) -> Result<String, SourceError> {
     let row = client
         .query_one("SELECT current_setting($1)", &[&setting])
         .await

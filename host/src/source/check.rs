@@ -14,7 +14,7 @@ use super::SourceError;
 use super::catalog::{self, SlotState};
 
 /// The oldest server Datum supports: `messages` in pgoutput needs 14.
-pub const MIN_SERVER_VERSION: i32 = 140_000;
+pub(crate) const MIN_SERVER_VERSION: i32 = 140_000;
 
 /// The outcome of one requirement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,7 +125,7 @@ pub(crate) struct TableInfo {
 }
 
 /// `schema.table` → (`schema`, `table`); a bare name is in `public`.
-pub fn split_table(name: &str) -> (String, String) {
+pub(crate) fn split_table(name: &str) -> (String, String) {
     match name.split_once('.') {
         Some((schema, table)) => (schema.to_owned(), table.to_owned()),
         None => ("public".to_owned(), name.to_owned()),
@@ -141,7 +141,7 @@ pub async fn check_source(conninfo: &str, target: &Target) -> anyhow::Result<Rep
 }
 
 /// Runs every check. Errors only when the catalog cannot be read at all.
-pub async fn run(client: &Client, target: &Target) -> Result<Report, SourceError> {
+pub(crate) async fn run(client: &Client, target: &Target) -> Result<Report, SourceError> {
     let state = match &target.slot {
         Some(slot) => catalog::slot_state(client, slot).await?,
         None => None,

@@ -23,15 +23,15 @@
 
 pub(crate) mod assembler;
 pub(crate) mod catalog;
-pub mod check;
-pub mod pgoutput;
+pub(crate) mod check;
+pub(crate) mod pgoutput;
 pub(crate) mod replication;
-pub mod stream;
+pub(crate) mod stream;
 
 use std::time::Duration;
 
 use datum_guest::Txn;
-pub use replication::ServerError;
+pub(crate) use replication::ServerError;
 
 use tokio_postgres::Client;
 

@@ -369,7 +369,7 @@ fn tag_hint(tag: u8) -> &'static str {
 /// message: bytes after its end are an error.
 ///
 /// ```
-/// use datum::source::pgoutput::{Message, decode};
+/// use datum::{PgoutputMessage as Message, decode_pgoutput as decode};
 ///
 /// // Commit: flags, commit LSN, end LSN, commit time.
 /// let mut bytes = vec![b'C', 0];

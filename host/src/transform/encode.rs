@@ -92,7 +92,7 @@ pub fn encode_input<'a>(
 
 /// What a result envelope says, read strictly (`docs/abi.md`, "The output").
 #[derive(Debug, Clone, PartialEq)]
-pub enum Answer {
+pub(crate) enum Answer {
     /// `{"changes": [...]}`.
     Changes(Vec<Output>),
     /// `{"error": {...}}`.
@@ -105,7 +105,7 @@ pub enum Answer {
 /// (not both; other keys are ignored, as readers ignore fields they do not
 /// know), and nothing after it. An element of `changes` that is neither an
 /// index nor a change map is reported with its position and why.
-pub fn decode_envelope(bytes: &[u8]) -> Result<Answer, String> {
+pub(crate) fn decode_envelope(bytes: &[u8]) -> Result<Answer, String> {
     let mut reader = std::io::Cursor::new(bytes);
     let mut de = rmp_serde::Deserializer::new(&mut reader);
     let envelope = RawEnvelope::deserialize(&mut de).map_err(|e| match e {
@@ -231,7 +231,7 @@ fn check_change(change: &WireChange) -> Result<(), String> {
 }
 
 /// Resolves a result envelope against the `input` items it answers.
-pub fn decode_output(
+pub(crate) fn decode_output(
     bytes: &[u8],
     input: &[Item],
     source: &Batch,

@@ -13,7 +13,7 @@ use super::TransformError;
 
 /// How often the epoch advances: the granularity of time limits (a call
 /// running wasm is stopped at the first tick past its deadline).
-pub const EPOCH_TICK: Duration = Duration::from_millis(5);
+pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(5);
 
 /// Engine-wide settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

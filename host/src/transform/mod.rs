@@ -20,9 +20,9 @@
 //! It does not own what happens after a failure (the pipeline's `on_error`),
 //! nor where modules come from (configuration, hot swap).
 
-pub mod chain;
-pub mod encode;
-pub mod engine;
+pub(crate) mod chain;
+pub(crate) mod encode;
+pub(crate) mod engine;
 pub(crate) mod module;
 mod sandbox;
 
@@ -30,7 +30,7 @@ use std::time::Duration;
 
 pub use chain::{Chain, Transformed};
 pub use engine::Engine;
-pub use module::{Instance, Module};
+pub use module::Module;
 
 /// Per-module limits, with safe defaults.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,7 +113,7 @@ pub fn encode_config(table: &toml::Table) -> Vec<u8> {
 /// Checks that a module file is WebAssembly's binary format (the runtime
 /// also reads the text format, for tests), so that a wrong file gets a
 /// plain answer instead of a parse error.
-pub fn check_binary(bytes: &[u8]) -> Result<(), TransformError> {
+pub(crate) fn check_binary(bytes: &[u8]) -> Result<(), TransformError> {
     if bytes.starts_with(b"\0asm") {
         Ok(())
     } else {

@@ -6,9 +6,7 @@
 
 use std::io::Write;
 
-use datum::checkpoint::Store;
-use datum::event::Lsn;
-use datum::event::Offset;
+use datum::{Lsn, Offset, Store};
 
 fn main() {
     let path = std::env::args()

@@ -11,12 +11,7 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
-use datum::checkpoint::Store;
-use datum::daemon::pipeline::{self, PipelineConfig};
-use datum::event::Change;
-use datum::sink::{Sink, SinkError};
-use datum::source::SourceConfig;
-use datum::transform::Transformed;
+use datum::{Change, PipelineConfig, Sink, SinkError, SourceConfig, Store, Transformed};
 use datum_guest::Value;
 
 struct LogSink {
@@ -87,7 +82,7 @@ async fn main() {
     // The test prepares the slot before the first incarnation's state file
     // exists.
     config.adopt_slot = true;
-    let result = pipeline::run(config, store, sink, None, async move {
+    let result = datum::run_pipeline(config, store, sink, None, async move {
         sigint.recv().await;
     })
     .await;

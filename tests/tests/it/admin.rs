@@ -195,7 +195,7 @@ async fn wait_for_lines(path: &Path, n: usize, host: &Host) -> Vec<Json> {
 }
 
 fn lsn(text: &str) -> u64 {
-    text.parse::<datum::event::Lsn>().expect("an LSN").0
+    text.parse::<datum::Lsn>().expect("an LSN").0
 }
 
 /// A throwaway server with table `t`, and a host over it.
@@ -820,7 +820,7 @@ async fn metrics_openapi_status_and_dead_letters() {
     let parsed: openapiv3::OpenAPI =
         serde_json::from_value(doc.clone()).expect("a valid OpenAPI 3 document");
     assert!(parsed.openapi.starts_with("3.0"));
-    for route in datum::admin::openapi::ROUTES {
+    for route in datum::ADMIN_ROUTES {
         let item = parsed
             .paths
             .paths
@@ -969,21 +969,21 @@ async fn serve_alone(
     name: &str,
     admin: &str,
 ) -> Result<tokio::task::JoinHandle<()>, String> {
-    let config = datum::config::Config::parse(&format!(
+    let config = datum::Config::parse(&format!(
         "[admin]\n{admin}\n[[pipeline]]\nname = \"x\"\nsource.url = \"postgres://localhost/x\"\n\
          sink.type = \"stdout\"\n"
     ))
     .expect("config");
     let state = dir.join(format!("{name}.redb"));
-    let store = std::sync::Arc::new(datum::checkpoint::Store::open(&state).expect("store"));
-    let engine = datum::transform::Engine::new(Default::default()).expect("engine");
+    let store = std::sync::Arc::new(datum::Store::open(&state).expect("store"));
+    let engine = datum::Engine::new(Default::default()).expect("engine");
     // The server stops when its stop channel's sender goes: keep it.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     std::mem::forget(stop_tx);
-    datum::admin::serve(
+    datum::serve_admin(
         config.admin.as_ref().expect("admin"),
         state.to_str().unwrap(),
-        datum::admin::Host {
+        datum::Host {
             pipelines: Vec::new(),
             store,
             engine,

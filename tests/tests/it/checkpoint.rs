@@ -9,13 +9,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use datum::checkpoint::Store;
-use datum::daemon::pipeline::{self, Handles, PipelineConfig};
-use datum::event::Change;
-use datum::event::Lsn;
-use datum::sink::{Sink, SinkError};
-use datum::source::SourceError;
-use datum::transform::Transformed;
+use datum::{
+    Change, Handles, Lsn, PipelineConfig, Sink, SinkError, SourceError, Store, Transformed,
+};
 use datum_guest::Value;
 use datum_tests::stream::config;
 use datum_tests::{cluster, connect};
@@ -172,7 +168,7 @@ async fn postgres_never_hears_of_a_position_that_is_not_checkpointed() {
     let seen = sink.seen.clone();
     let (started_tx, started_rx) = oneshot::channel();
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let running = tokio::spawn(pipeline::run(
+    let running = tokio::spawn(datum::run_pipeline(
         PipelineConfig::new("p", source),
         store.clone(),
         sink,
@@ -289,7 +285,7 @@ async fn a_killed_host_resumes_with_replays_only_from_the_unchecked_tail() {
     let (state, log) = (dir.join("state.redb"), dir.join("sink.log"));
     let mut rng = Rng::new();
     // The slot must exist before the first write, as for any pipeline.
-    datum::source::prepare(&config(&pg, "pub", "slot", &["t"]), None, || Ok(()))
+    datum::prepare_source(&config(&pg, "pub", "slot", &["t"]), None, || Ok(()))
         .await
         .expect("prepare");
 
@@ -443,7 +439,7 @@ async fn an_idle_slot_advances_while_other_databases_write() {
     source.status_interval = Some(Duration::from_millis(100));
     let (started_tx, started_rx) = oneshot::channel();
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let running = tokio::spawn(pipeline::run(
+    let running = tokio::spawn(datum::run_pipeline(
         PipelineConfig::new("p", source),
         store.clone(),
         SlowSink::default(),
@@ -496,14 +492,14 @@ async fn run_until_one_batch(
     pg: &pg_throwaway::Cluster,
     store: Arc<Store>,
     recreate: bool,
-) -> Result<(), pipeline::PipelineError> {
+) -> Result<(), datum::PipelineError> {
     let mut source = config(pg, "pub", "slot", &["t"]);
     source.recreate_slot = recreate;
     let sink = SlowSink::default();
     let seen = sink.seen.clone();
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let (started_tx, started_rx) = oneshot::channel();
-    let running = tokio::spawn(pipeline::run(
+    let running = tokio::spawn(datum::run_pipeline(
         PipelineConfig::new("p", source),
         store,
         sink,
@@ -606,7 +602,7 @@ async fn a_lost_slot_is_an_error_and_recreating_it_says_a_resync_is_needed() {
     assert!(
         matches!(
             err,
-            pipeline::PipelineError::Source(SourceError::Requirement { .. })
+            datum::PipelineError::Source(SourceError::Requirement { .. })
         ),
         "{err:?}"
     );
@@ -714,12 +710,12 @@ async fn small_transactions_share_sink_writes_and_a_failed_group_goes_batch_by_b
     };
     let (seen, groups) = (sink.seen.clone(), sink.groups.clone());
     let mut pipeline_config = PipelineConfig::new("p", config(&pg, "pub", "slot", &["t"]));
-    pipeline_config.on_error = datum::config::OnError::Skip;
+    pipeline_config.on_error = datum::OnError::Skip;
     pipeline_config.sink_retry_initial = Duration::from_millis(10);
     // The slot was made by hand above, before the state file existed.
     pipeline_config.adopt_slot = true;
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let running = tokio::spawn(pipeline::run(
+    let running = tokio::spawn(datum::run_pipeline(
         pipeline_config,
         store.clone(),
         sink,

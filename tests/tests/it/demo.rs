@@ -85,7 +85,7 @@ fn the_demo_shows_masked_changes_and_leaves_nothing_behind() {
     // The demo's default module is the one built in this tree.
     assert_eq!(
         example_wasm_path("mask_pii"),
-        datum::commands::demo::default_module(),
+        datum::default_module(),
         "the tests and the demo look for mask_pii in different places"
     );
     let pg_dir = temp_dir("headless");

@@ -7,9 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use datum::checkpoint::Store;
-use datum::event::Lsn;
-use datum::event::Offset;
+use datum::{Lsn, Offset, Store};
 use datum_tests::{cluster, connect, example_wasm, example_wasm_path};
 use serde_json::Value as Json;
 

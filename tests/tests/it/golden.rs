@@ -2,7 +2,7 @@
 //! fixtures through the command line a user runs; a changed, missing,
 //! malformed or filtered case, a module that does not load and a
 //! configuration given on the command line are reported as they should be;
-//! and `datum::golden::run_suite` works in-process, as in a module's own
+//! and `datum::run_suite` works in-process, as in a module's own
 //! `cargo test`.
 //!
 //! Failure cases run on temporary copies of the examples' fixtures, so the
@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use datum::golden::{self, Outcome};
+use datum::Outcome;
 use datum_tests::{datum_bin, example_wasm_path, workspace_root};
 
 /// Every example module, each with `examples-wasm/<name>/fixtures/`.
@@ -39,7 +39,7 @@ fn case_count(dir: &Path) -> usize {
             entry.as_ref().is_ok_and(|e| {
                 e.file_name()
                     .to_str()
-                    .is_some_and(|n| n.ends_with(golden::INPUT_SUFFIX))
+                    .is_some_and(|n| n.ends_with(datum::INPUT_SUFFIX))
             })
         })
         .count()
@@ -117,10 +117,10 @@ impl Scratch {
     fn copy_case(&self, example: &str, case: &str) {
         let from = fixtures(example);
         for file in [
-            format!("{case}{}", golden::INPUT_SUFFIX),
-            format!("{case}{}", golden::EXPECTED_SUFFIX),
-            format!("{case}{}", golden::CONFIG_SUFFIX),
-            golden::DIR_CONFIG.to_owned(),
+            format!("{case}{}", datum::INPUT_SUFFIX),
+            format!("{case}{}", datum::EXPECTED_SUFFIX),
+            format!("{case}{}", datum::CONFIG_SUFFIX),
+            datum::DIR_CONFIG.to_owned(),
         ] {
             if from.join(&file).exists() {
                 self.copy(&from.join(&file), &file);
@@ -471,10 +471,10 @@ fn the_config_flag_overrides_the_directory_config_but_not_a_case_config() {
 fn run_suite_works_in_process() {
     let dir = fixtures("mask_pii");
     let mut out = Vec::new();
-    let summary = golden::run_suite(
+    let summary = datum::run_suite(
         &example_wasm_path("mask_pii"),
         &dir,
-        &golden::Options::default(),
+        &datum::GoldenOptions::default(),
         &mut out,
     )
     .expect("the module and the fixtures load");
@@ -507,7 +507,7 @@ fn run_suite_works_in_process() {
         .find(|r| r.name == "rejects_empty_columns")
         .expect("the case ran");
     assert!(
-        matches!(&rejected.actual, golden::Actual::Error { kind, .. } if kind == "init_failed"),
+        matches!(&rejected.actual, datum::Actual::Error { kind, .. } if kind == "init_failed"),
         "{:?}",
         rejected.actual
     );

@@ -5,10 +5,10 @@
 
 use std::sync::Arc;
 
-use datum::event::{Batch, Change, Column, Relation, ReplicaIdentity};
-use datum::transform::encode::Item;
-use datum::transform::engine::EngineOptions;
-use datum::transform::{Chain, Engine, Limits, Module};
+use datum::{
+    Batch, Chain, Change, Column, Engine, EngineOptions, Item, Limits, Module, Relation,
+    ReplicaIdentity,
+};
 use datum_guest::{Txn, Value};
 use datum_tests::example_wasm;
 
@@ -169,7 +169,7 @@ fn a_guest_error_names_the_change_at_fault() {
         .run(batch(4))
         .expect_err("type mismatch");
     match &err.error {
-        datum::transform::TransformError::Guest { index, .. } => assert_eq!(*index, Some(0)),
+        datum::TransformError::Guest { index, .. } => assert_eq!(*index, Some(0)),
         other => panic!("{other:?}"),
     }
 }

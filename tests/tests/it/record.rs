@@ -5,10 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use datum::event::Lsn;
-use datum::event::json;
-use datum::golden::fixture::ReadBatch;
-use datum::transform::encode::to_wire;
+use datum::{Lsn, ReadBatch, to_wire};
 use datum_guest::wire;
 use datum_tests::stream::{Running, config};
 use datum_tests::{cluster, connect, datum_bin, example_wasm_path};
@@ -37,7 +34,7 @@ fn text(output: &Output) -> String {
 
 fn read_fixture(path: &Path) -> wire::Batch {
     let text = std::fs::read_to_string(path).expect("fixture");
-    json::read::<ReadBatch>(&text)
+    datum::read_json::<ReadBatch>(&text)
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
         .batch()
 }
@@ -166,10 +163,10 @@ async fn records_what_a_pipeline_receives_without_touching_the_slot() {
     );
     for (file, batch) in files.iter().zip(&recorded) {
         let expected = file.to_str().unwrap().replace(".input.", ".expected.");
-        let expected: datum::golden::Expected =
-            json::read(&std::fs::read_to_string(&expected).expect("blessed")).expect("reads");
+        let expected: datum::Expected =
+            datum::read_json(&std::fs::read_to_string(&expected).expect("blessed")).expect("reads");
         match expected {
-            datum::golden::Expected::Changes(changes) => assert_eq!(
+            datum::Expected::Changes(changes) => assert_eq!(
                 changes.into_iter().map(|c| c.change).collect::<Vec<_>>(),
                 batch.changes
             ),
@@ -216,7 +213,7 @@ async fn records_what_a_pipeline_receives_without_touching_the_slot() {
 fn records_dead_letters_from_a_state_file() {
     let dir = temp_dir("dead");
     let state = dir.join("state.redb");
-    let batch: ReadBatch = json::read(
+    let batch: ReadBatch = datum::read_json(
         r#"{"txn": {"xid": 9, "commit_lsn": "0/20", "end_lsn": "0/28",
                     "commit_time": "2026-12-02 10:00:00+00"},
             "changes": [{"op": "insert", "table": "t", "key": ["id"],
@@ -225,7 +222,7 @@ fn records_dead_letters_from_a_state_file() {
     .expect("batch");
     let batch = batch.batch();
     {
-        let store = datum::checkpoint::Store::open(&state).expect("state file");
+        let store = datum::Store::open(&state).expect("state file");
         let bytes = wire::to_msgpack(&batch).expect("encode");
         assert_eq!(
             store

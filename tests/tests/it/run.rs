@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use datum::event::Lsn;
+use datum::Lsn;
 use datum_tests::{cluster, connect, datum_bin, example_wasm_path, workspace_root};
 use serde_json::Value as Json;
 
@@ -532,7 +532,7 @@ transforms = [{{ module = {module} }}]
     assert_eq!(ids("skip"), [1, 2, 4, 5]);
     assert_eq!(ids("dead_letter"), [1, 2, 4, 5]);
 
-    let store = datum::checkpoint::Store::open(dir.join("state.redb")).expect("state");
+    let store = datum::Store::open(dir.join("state.redb")).expect("state");
     let fail_at = store.offset("fail").expect("offset").expect("checkpointed");
     assert!(
         fail_at.end_lsn <= before_three,

@@ -9,13 +9,10 @@ use std::time::{Duration, Instant};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use datum::checkpoint::Store;
-use datum::daemon::pipeline::{self, PipelineConfig};
-use datum::event::Lsn;
-use datum::event::{Batch, Change, Column, Relation, ReplicaIdentity};
-use datum::sink::http::HttpSink;
-use datum::sink::{Sink, SinkError};
-use datum::transform::Transformed;
+use datum::{
+    Batch, Change, Column, HttpSink, Lsn, PipelineConfig, Relation, ReplicaIdentity, Sink,
+    SinkError, Store, Transformed,
+};
 use datum_guest::{Txn, Value};
 use datum_tests::stream::config;
 use datum_tests::{cluster, connect};
@@ -341,7 +338,7 @@ async fn an_outage_of_the_receiver_loses_nothing_and_holds_the_slot() {
     let receiver = Receiver::start(Mode::Status(200)).await;
     let (started_tx, started_rx) = oneshot::channel();
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let running = tokio::spawn(pipeline::run(
+    let running = tokio::spawn(datum::run_pipeline(
         pipeline_config,
         store.clone(),
         sink(&receiver, Duration::from_secs(2)),

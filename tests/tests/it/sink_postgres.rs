@@ -8,12 +8,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use datum::event::Batch;
-use datum::event::Lsn;
-use datum::sink::postgres::PostgresSink;
-use datum::sink::{Sink, SinkError};
-use datum::transform::Transformed;
-use datum::transform::encode::Item;
+use datum::{Batch, Item, Lsn, PostgresSink, Sink, SinkError, Transformed};
 use datum_guest::Txn;
 use datum_guest::wire::{Change, Column, Op, Row, Value};
 use datum_tests::stream::{Running, config, render};

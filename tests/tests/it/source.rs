@@ -4,8 +4,7 @@
 
 use std::time::Duration;
 
-use datum::event::Lsn;
-use datum::source::SourceError;
+use datum::{Lsn, SourceError};
 use datum_guest::{Date, Timestamp, Value};
 use datum_tests::stream::{Running, config, render};
 use datum_tests::{PasswordAuth, cluster, connect};
@@ -129,12 +128,12 @@ async fn typed_values_survive_the_trip() {
         .changes
         .iter()
         .map(|c| match c {
-            datum::event::Change::Insert { new, .. } => new,
+            datum::Change::Insert { new, .. } => new,
             other => panic!("{other:?}"),
         })
         .collect();
     let columns: Vec<String> = match &batch.changes[0] {
-        datum::event::Change::Insert { relation, .. } => relation
+        datum::Change::Insert { relation, .. } => relation
             .columns
             .iter()
             .map(|c| format!("{}:{}", c.name, c.type_name))
@@ -243,7 +242,7 @@ async fn arbitrary_bytea_survives() {
         .expect("insert");
     let batch = source.next(10).await;
     match &batch.changes[0] {
-        datum::event::Change::Insert { new, .. } => assert_eq!(new[1], Value::Bytes(all)),
+        datum::Change::Insert { new, .. } => assert_eq!(new[1], Value::Bytes(all)),
         other => panic!("{other:?}"),
     }
     source.stop().await.expect("stop");
@@ -284,7 +283,7 @@ async fn unchanged_toast_is_not_null() {
     let mut news = Vec::new();
     while news.len() < 3 {
         for change in source.next(10).await.changes {
-            if let datum::event::Change::Update { new, .. } = change {
+            if let datum::Change::Update { new, .. } = change {
                 news.push(new[2].clone());
             }
         }
@@ -421,7 +420,7 @@ async fn a_million_row_transaction_streams_in_bounded_memory() {
         chunks += 1;
         for change in &batch.changes {
             match change {
-                datum::event::Change::Insert { new, .. } => {
+                datum::Change::Insert { new, .. } => {
                     assert_eq!(new[0], Value::Int(next_id));
                     next_id += 1;
                 }
@@ -493,7 +492,7 @@ async fn a_terminated_walsender_is_replaced_without_loss_duplicates_or_disorder(
     while seen.len() < expected.len() {
         let batch = source.next(30).await;
         for change in &batch.changes {
-            if let datum::event::Change::Insert { new, .. } = change {
+            if let datum::Change::Insert { new, .. } = change {
                 let Value::Int(id) = new[0] else { panic!() };
                 seen.push(id as i32);
             }
@@ -559,7 +558,7 @@ async fn password_logins_stream_and_a_wrong_password_stops_without_leaking_it() 
             .replace("pa55 word", "secret-wrong-pw")
             .parse()
             .expect("conninfo");
-        let err = datum::source::prepare(&cfg, None, || Ok(()))
+        let err = datum::prepare_source(&cfg, None, || Ok(()))
             .await
             .expect_err("wrong password");
         assert!(matches!(err, SourceError::Auth { .. }), "{err:?}");
@@ -632,12 +631,12 @@ async fn check_reports_each_requirement_with_what_to_do() {
         ],
     )
     .await;
-    let target = datum::source::check::Target {
+    let target = datum::CheckTarget {
         publication: Some("pub".into()),
         slot: Some("slot".into()),
         tables: vec!["keyed".into(), "keyless".into(), "missing".into()],
     };
-    let report = datum::source::check::check_source(&pg.conninfo("postgres"), &target)
+    let report = datum::check_source(&pg.conninfo("postgres"), &target)
         .await
         .expect("report");
     let text = report.to_string();
@@ -658,7 +657,7 @@ async fn check_reports_each_requirement_with_what_to_do() {
     }
     let as_reader =
         format!("{} user=reader", pg.conninfo("postgres")).replace("user=postgres ", "");
-    let report = datum::source::check::check_source(&as_reader, &target)
+    let report = datum::check_source(&as_reader, &target)
         .await
         .expect("report");
     assert!(
@@ -668,7 +667,7 @@ async fn check_reports_each_requirement_with_what_to_do() {
         "{report}"
     );
     // prepare() refuses with the first failure and what to do about it.
-    let err = datum::source::prepare(&config(&pg, "pub", "slot", &["keyed"]), None, || Ok(()))
+    let err = datum::prepare_source(&config(&pg, "pub", "slot", &["keyed"]), None, || Ok(()))
         .await
         .expect_err("wal_level = replica");
     assert!(err.to_string().contains("wal_level"), "{err}");
@@ -941,7 +940,7 @@ async fn a_slot_held_by_another_process_is_refused_unless_told_to_take_it() {
     let pg = cluster();
     let client = connect(&pg.conninfo("postgres")).await;
     sql(&client, &["CREATE TABLE t (id int PRIMARY KEY)"]).await;
-    datum::source::prepare(&config(&pg, "pub", "slot", &["t"]), None, || Ok(()))
+    datum::prepare_source(&config(&pg, "pub", "slot", &["t"]), None, || Ok(()))
         .await
         .expect("prepare");
     // Another consumer holds the slot: pg_recvlogical, not retrying.
@@ -965,7 +964,7 @@ async fn a_slot_held_by_another_process_is_refused_unless_told_to_take_it() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
 
-    let err = datum::source::prepare(&config(&pg, "pub", "slot", &["t"]), None, || Ok(()))
+    let err = datum::prepare_source(&config(&pg, "pub", "slot", &["t"]), None, || Ok(()))
         .await
         .expect_err("the slot is in use");
     let text = err.to_string();
@@ -1033,7 +1032,7 @@ async fn a_message_sharing_the_next_commit_position_neither_panics_nor_stalls() 
         assert!(
             matches!(
                 message.changes[..],
-                [datum::event::Change::Message {
+                [datum::Change::Message {
                     transactional: false,
                     ..
                 }]
@@ -1046,7 +1045,7 @@ async fn a_message_sharing_the_next_commit_position_neither_panics_nor_stalls() 
         }
         for batch in [b, a] {
             for change in &batch.changes {
-                if let datum::event::Change::Insert { new, .. } = change {
+                if let datum::Change::Insert { new, .. } = change {
                     let Value::Int(id) = new[0] else {
                         panic!("{new:?}")
                     };

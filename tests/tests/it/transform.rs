@@ -5,9 +5,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use datum::event::{Batch, Change, Column, Relation, ReplicaIdentity};
-use datum::transform::engine::EngineOptions;
-use datum::transform::{Chain, Engine, Limits, Module};
+use datum::{
+    Batch, Chain, Change, Column, Engine, EngineOptions, Limits, Module, Relation, ReplicaIdentity,
+};
 use datum_guest::{Txn, Value};
 
 fn relation() -> Arc<Relation> {
@@ -345,7 +345,7 @@ fn probe(engine: &Engine, body: &str, commit_lsn: u64) -> u32 {
         .run(bad)
         .expect_err("the probe answers with an error");
     match err.error {
-        datum::transform::TransformError::Guest { index: Some(v), .. } => v,
+        datum::TransformError::Guest { index: Some(v), .. } => v,
         other => panic!("{other:?}"),
     }
 }
@@ -416,7 +416,7 @@ fn msgpack(value: serde_json::Value) -> Vec<u8> {
 
 /// The error of the bad batch for a module answering `envelope`, after
 /// which the next good batch must still run.
-fn answered(envelope: &[u8]) -> datum::transform::chain::ChainError {
+fn answered(envelope: &[u8]) -> datum::ChainError {
     let engine = engine();
     let module = load(&engine, &answering(envelope), Limits::default());
     let mut chain = Chain::new(std::slice::from_ref(&module));
@@ -635,7 +635,7 @@ fn probe_within(body: &str, extra: &str, limits: Limits) -> Result<u32, String> 
         let module = load(&engine, &module, limits);
         match Chain::new(std::slice::from_ref(&module)).run(batch(BAD)) {
             Err(err) => match err.error {
-                datum::transform::TransformError::Guest { index: Some(v), .. } => Ok(v),
+                datum::TransformError::Guest { index: Some(v), .. } => Ok(v),
                 other => Err(format!("{} ({other})", other.kind())),
             },
             Ok(_) => Err("the probe answered changes".into()),
@@ -841,7 +841,7 @@ fn clocks_outside_what_wasi_represents_read_its_nearest_time() {
                 .run(bad)
                 .expect_err("the probe answers with an error");
             match err.error {
-                datum::transform::TransformError::Guest { index: Some(v), .. } => {
+                datum::TransformError::Guest { index: Some(v), .. } => {
                     assert_eq!(v, reads, "clock {id} at commit time {commit_time}");
                 }
                 other => panic!("{other:?}"),

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use datum::event::Lsn;
+use datum::Lsn;
 use serde_json::Value as Json;
 
 /// The admin token every benchmark host uses (loopback only, a throwaway

@@ -14,7 +14,7 @@ mod latency;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use datum::event::Lsn;
+use datum::Lsn;
 use datum_tests::target_dir;
 use pg_throwaway::Cluster;
 
