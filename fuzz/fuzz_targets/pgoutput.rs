@@ -3,7 +3,7 @@
 
 #![no_main]
 
-use datum::decode_pgoutput;
+use datum::decode_pgoutput as decode;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
