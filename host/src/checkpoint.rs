@@ -18,7 +18,7 @@
 //! | --- | --- | --- |
 //! | `meta` | `&str` | `u64` (`format_version`, `created_at`) |
 //! | `offsets` | pipeline | (end LSN, commit LSN, xid, commit time µs, written at µs) |
-//! | `snapshot_progress` | (pipeline, table) | (state, cursor bytes, rows copied, updated at µs) |
+//! | `snapshot_progress` | (pipeline, table) | (state, detail bytes, rows copied, updated at µs) |
 //! | `module_versions` | (module, version) | (sha256, wasm bytes, uploaded at µs, note) |
 //! | `module_active` | module | active version |
 //! | `module_activations` | (module, seq) | (version, at µs, effective after LSN) |
@@ -28,6 +28,12 @@
 //! a version's note is JSON: `{"config": TOML text, "origin": "config" |
 //! "upload", "fixtures": N}`. `module_activations` was added without a format
 //! change: older builds ignore it, and it is created on open.
+//!
+//! A snapshot's state is 0 pending, 1 copying, 2 done, 3 failed; its detail
+//! is a MessagePack map with named fields (`cursor`: the text of the last
+//! key copied, one entry per key column; `chunks`; `error`; `started_at`),
+//! so that fields can be added. The table `*` of a pipeline stands for
+//! "every table of the publication", recorded before the slot is created.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -43,8 +49,7 @@ pub(crate) const FORMAT_VERSION: u64 = 1;
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const OFFSETS: TableDefinition<&str, (u64, u64, u32, i64, i64)> = TableDefinition::new("offsets");
-/// Per-table snapshot progress: (state, cursor, rows copied, updated at).
-/// Filled by backfills.
+/// Per-table snapshot progress: (state, detail, rows copied, updated at).
 type SnapshotRow = (u8, &'static [u8], u64, i64);
 pub(crate) const SNAPSHOT_PROGRESS: TableDefinition<(&str, &str), SnapshotRow> =
     TableDefinition::new("snapshot_progress");
@@ -361,13 +366,26 @@ impl Store {
     /// Durably records where `pipeline` resumes; returns once it is on disk.
     /// An offset never moves backwards: an older one is ignored.
     pub fn commit_offset(&self, pipeline: &str, offset: Offset) -> Result<(), CheckpointError> {
-        self.write_offset(pipeline, offset, false)
+        self.write_offset(pipeline, offset, false, &[])
+    }
+
+    /// Durably records where `pipeline` resumes together with the snapshot
+    /// progress that is consistent with that position, in one commit: a
+    /// crash keeps both or neither (`docs/snapshots.md`). The progress is
+    /// written even when the offset does not move.
+    pub(crate) fn commit_offset_with(
+        &self,
+        pipeline: &str,
+        offset: Offset,
+        progress: &[SnapshotProgress],
+    ) -> Result<(), CheckpointError> {
+        self.write_offset(pipeline, offset, false, progress)
     }
 
     /// Durably replaces `pipeline`'s offset, also backwards: only for a slot
     /// that was recreated, whose positions have nothing to do with the old.
     pub fn reset_offset(&self, pipeline: &str, offset: Offset) -> Result<(), CheckpointError> {
-        self.write_offset(pipeline, offset, true)
+        self.write_offset(pipeline, offset, true, &[])
     }
 
     fn write_offset(
@@ -375,29 +393,36 @@ impl Store {
         pipeline: &str,
         offset: Offset,
         reset: bool,
+        progress: &[SnapshotProgress],
     ) -> Result<(), CheckpointError> {
         let txn = self.db()?.begin_write().map_err(|e| self.storage(e))?;
+        if !progress.is_empty() {
+            self.write_progress(&txn, pipeline, progress)?;
+        }
         {
             let mut table = txn.open_table(OFFSETS).map_err(|e| self.storage(e))?;
             let current = table
                 .get(pipeline)
                 .map_err(|e| self.storage(e))?
                 .map(|v| v.value().0);
-            if !reset && current.is_some_and(|end| end >= offset.end_lsn.0) {
+            let stale = !reset && current.is_some_and(|end| end >= offset.end_lsn.0);
+            if stale && progress.is_empty() {
                 return Ok(());
             }
-            table
-                .insert(
-                    pipeline,
-                    (
-                        offset.end_lsn.0,
-                        offset.commit_lsn.0,
-                        offset.xid,
-                        offset.commit_time,
-                        now_micros(),
-                    ),
-                )
-                .map_err(|e| self.storage(e))?;
+            if !stale {
+                table
+                    .insert(
+                        pipeline,
+                        (
+                            offset.end_lsn.0,
+                            offset.commit_lsn.0,
+                            offset.xid,
+                            offset.commit_time,
+                            now_micros(),
+                        ),
+                    )
+                    .map_err(|e| self.storage(e))?;
+            }
         }
         // redb's default durability: on disk when commit returns.
         txn.commit().map_err(|e| self.storage(e))?;
@@ -531,22 +556,105 @@ impl Store {
     }
 }
 
+/// Where a table's snapshot stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TableState {
+    /// Asked for, not started.
+    Pending,
+    /// Chunks are being copied; `cursor` is the last key copied.
+    Copying,
+    /// Every row was copied; the table streams live only.
+    Done,
+    /// The copy stopped with `error`; a backfill starts it again.
+    Failed,
+}
+
+impl TableState {
+    fn code(self) -> u8 {
+        match self {
+            TableState::Pending => 0,
+            TableState::Copying => 1,
+            TableState::Done => 2,
+            TableState::Failed => 3,
+        }
+    }
+
+    fn from_code(code: u8) -> Option<TableState> {
+        Some(match code {
+            0 => TableState::Pending,
+            1 => TableState::Copying,
+            2 => TableState::Done,
+            3 => TableState::Failed,
+            _ => return None,
+        })
+    }
+
+    /// As the status endpoint and the metrics name it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            TableState::Pending => "pending",
+            TableState::Copying => "copying",
+            TableState::Done => "done",
+            TableState::Failed => "failed",
+        }
+    }
+}
+
 /// A table's snapshot progress.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SnapshotProgress {
-    /// `schema.table`.
+pub(crate) struct SnapshotProgress {
+    /// `schema.table`, or [`ALL_TABLES`].
     pub table: String,
-    /// 0 pending, 1 copying, 2 done.
-    pub state: u8,
+    /// Where it stands.
+    pub state: TableState,
+    /// The text of the last key copied, one entry per key column (`None`:
+    /// from the first row).
+    pub cursor: Option<Vec<String>>,
     /// Rows copied so far.
     pub rows: u64,
+    /// Chunks copied so far.
+    pub chunks: u64,
+    /// Why it failed.
+    pub error: Option<String>,
+    /// When the copy was asked for, µs since the Unix epoch.
+    pub started_at: i64,
     /// When it last moved, µs since the Unix epoch.
     pub updated_at: i64,
 }
 
+/// The table name that stands for every table of the publication.
+pub(crate) const ALL_TABLES: &str = "*";
+
+impl SnapshotProgress {
+    /// A table (or [`ALL_TABLES`]) to copy, from `cursor` onwards.
+    pub(crate) fn pending(table: &str, cursor: Option<Vec<String>>) -> SnapshotProgress {
+        let now = now_micros();
+        SnapshotProgress {
+            table: table.to_owned(),
+            state: TableState::Pending,
+            cursor,
+            rows: 0,
+            chunks: 0,
+            error: None,
+            started_at: now,
+            updated_at: now,
+        }
+    }
+}
+
+/// The detail bytes of a `snapshot_progress` row.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+struct ProgressDetail {
+    cursor: Option<Vec<String>>,
+    chunks: u64,
+    error: Option<String>,
+    started_at: i64,
+}
+
 impl Store {
     /// The snapshot progress of each table of `pipeline`.
-    pub fn snapshot_progress(
+    pub(crate) fn snapshot_progress(
         &self,
         pipeline: &str,
     ) -> Result<Vec<SnapshotProgress>, CheckpointError> {
@@ -555,21 +663,97 @@ impl Store {
             .open_table(SNAPSHOT_PROGRESS)
             .map_err(|e| self.storage(e))?;
         let mut progress = Vec::new();
-        for entry in table.iter().map_err(|e| self.storage(e))? {
+        let range = table.range((pipeline, "")..).map_err(|e| self.storage(e))?;
+        for entry in range {
             let (key, value) = entry.map_err(|e| self.storage(e))?;
             let (name, table_name) = key.value();
             if name != pipeline {
-                continue;
+                break;
             }
-            let (state, _, rows, updated_at) = value.value();
+            let (state, detail, rows, updated_at) = value.value();
+            let state = TableState::from_code(state).ok_or_else(|| CheckpointError::Corrupt {
+                path: self.path.clone(),
+                detail: format!("snapshot state {state} of {pipeline}/{table_name} is unknown"),
+            })?;
+            let detail: ProgressDetail =
+                rmp_serde::from_slice(detail).map_err(|e| CheckpointError::Corrupt {
+                    path: self.path.clone(),
+                    detail: format!("snapshot progress of {pipeline}/{table_name}: {e}"),
+                })?;
             progress.push(SnapshotProgress {
                 table: table_name.to_owned(),
                 state,
+                cursor: detail.cursor,
                 rows,
+                chunks: detail.chunks,
+                error: detail.error,
+                started_at: detail.started_at,
                 updated_at,
             });
         }
         Ok(progress)
+    }
+
+    /// Durably records snapshot progress that does not depend on the stream
+    /// position: a table asked for (pending), or one that failed.
+    pub(crate) fn put_snapshot_progress(
+        &self,
+        pipeline: &str,
+        progress: &[SnapshotProgress],
+    ) -> Result<(), CheckpointError> {
+        self.replace_snapshot_progress(pipeline, &[], progress)
+    }
+
+    /// In one commit: forgets the progress of `remove` and records
+    /// `progress` (the request for every table becoming one row per table).
+    pub(crate) fn replace_snapshot_progress(
+        &self,
+        pipeline: &str,
+        remove: &[&str],
+        progress: &[SnapshotProgress],
+    ) -> Result<(), CheckpointError> {
+        let txn = self.db()?.begin_write().map_err(|e| self.storage(e))?;
+        {
+            let mut table = txn
+                .open_table(SNAPSHOT_PROGRESS)
+                .map_err(|e| self.storage(e))?;
+            for name in remove {
+                table
+                    .remove((pipeline, *name))
+                    .map_err(|e| self.storage(e))?;
+            }
+        }
+        self.write_progress(&txn, pipeline, progress)?;
+        txn.commit().map_err(|e| self.storage(e))?;
+        self.succeeded();
+        Ok(())
+    }
+
+    fn write_progress(
+        &self,
+        txn: &redb::WriteTransaction,
+        pipeline: &str,
+        progress: &[SnapshotProgress],
+    ) -> Result<(), CheckpointError> {
+        let mut table = txn
+            .open_table(SNAPSHOT_PROGRESS)
+            .map_err(|e| self.storage(e))?;
+        for p in progress {
+            let detail = rmp_serde::to_vec_named(&ProgressDetail {
+                cursor: p.cursor.clone(),
+                chunks: p.chunks,
+                error: p.error.clone(),
+                started_at: p.started_at,
+            })
+            .map_err(|e| self.storage(e))?;
+            table
+                .insert(
+                    (pipeline, p.table.as_str()),
+                    (p.state.code(), detail.as_slice(), p.rows, p.updated_at),
+                )
+                .map_err(|e| self.storage(e))?;
+        }
+        Ok(())
     }
 }
 

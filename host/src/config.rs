@@ -146,6 +146,9 @@ pub struct PipelineSpec {
     /// `[pipeline.batch]`.
     #[serde(default)]
     pub batch: BatchSpec,
+    /// `[pipeline.snapshot]`.
+    #[serde(default)]
+    pub snapshot: SnapshotSpec,
     /// What a module failure does.
     #[serde(default)]
     pub on_error: OnError,
@@ -322,6 +325,37 @@ impl BatchSpec {
             max_bytes: self.max_bytes.map_or(d.max_bytes, |s| s.0),
         }
     }
+}
+
+/// `[pipeline.snapshot]`: copying the tables' existing rows
+/// (`docs/snapshots.md`).
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotSpec {
+    /// `initial` (the default): a pipeline whose slot Datum creates starts
+    /// with its tables' existing rows; `never`: changes only.
+    #[serde(default)]
+    pub mode: SnapshotMode,
+    /// Rows per chunk.
+    pub chunk_size: Option<Count>,
+    /// Tables copied at once.
+    pub parallel_tables: Option<Count>,
+}
+
+/// Rows per snapshot chunk unless `chunk_size` says otherwise.
+pub(crate) const DEFAULT_CHUNK_ROWS: usize = 10_000;
+/// Tables copied at once unless `parallel_tables` says otherwise.
+pub(crate) const DEFAULT_PARALLEL_TABLES: usize = 2;
+
+/// Whether a new pipeline starts with existing rows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotMode {
+    /// Copy every table of the publication when the slot is created.
+    #[default]
+    Initial,
+    /// Changes only; tables are copied only when a backfill asks.
+    Never,
 }
 
 /// What a module failure does (`docs/architecture.md`, rule 6).

@@ -152,6 +152,14 @@ pub fn render_change(change: &Change) -> String {
                 new,
             );
         }
+        Change::Snapshot { relation, new } => {
+            write!(out, "S {}.{}", relation.schema, relation.table).ok();
+            row(
+                &mut out,
+                relation.columns.iter().map(|c| c.name.as_str()),
+                new,
+            );
+        }
         Change::Update { relation, old, new } => {
             write!(out, "U {}.{}", relation.schema, relation.table).ok();
             if let Some(old) = old {

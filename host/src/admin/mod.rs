@@ -718,12 +718,10 @@ pub(crate) fn status(control: &PipelineControl, store: &Store) -> Json {
         .unwrap_or_default()
         .into_iter()
         .map(|s| {
-            let state = match s.state {
-                0 => "pending",
-                1 => "copying",
-                _ => "done",
-            };
-            json!({"table": s.table, "state": state, "rows": s.rows, "updated_at": s.updated_at})
+            crate::daemon::snapshot::status(
+                &s,
+                control.handles().and_then(|h| h.snapshots.live(&s.table)),
+            )
         })
         .collect();
     json!({

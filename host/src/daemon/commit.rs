@@ -8,6 +8,7 @@ use crate::checkpoint::{CheckpointError, Store};
 use crate::retry::Backoff;
 
 use super::feedback::Feedback;
+use super::snapshot::Snapshots;
 
 /// How checkpoints are committed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +40,7 @@ pub(crate) async fn commit_loop(
     store: Arc<Store>,
     pipeline: String,
     feedback: Arc<Feedback>,
+    snapshots: Arc<Snapshots>,
     policy: CommitPolicy,
     failed: impl Fn(&CheckpointError),
     shutdown: impl std::future::Future<Output = ()>,
@@ -69,10 +71,16 @@ pub(crate) async fn commit_loop(
                 break;
             }
             let (store, name) = (store.clone(), pipeline.clone());
-            let result =
-                tokio::task::spawn_blocking(move || store.commit_offset(&name, target)).await;
+            // Snapshot progress consistent with this position goes in the
+            // same commit (`daemon/snapshot.rs`).
+            let progress = snapshots.progress_upto(target.end_lsn);
+            let result = tokio::task::spawn_blocking(move || {
+                store.commit_offset_with(&name, target, &progress)
+            })
+            .await;
             match result {
                 Ok(Ok(())) => {
+                    snapshots.committed(target.end_lsn);
                     feedback.persisted(target.end_lsn);
                     backoff.reset();
                     break;
@@ -126,6 +134,7 @@ mod tests {
             store.clone(),
             "p".into(),
             feedback.clone(),
+            Snapshots::new("p"),
             policy,
             |_| {},
             async move {

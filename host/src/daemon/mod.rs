@@ -17,6 +17,7 @@ pub(crate) mod feedback;
 pub(crate) mod hotswap;
 pub(crate) mod pipeline;
 pub(crate) mod prepare;
+pub(crate) mod snapshot;
 pub(crate) mod supervisor;
 
 pub use feedback::Feedback;

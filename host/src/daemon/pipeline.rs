@@ -33,11 +33,13 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
 use crate::channel;
-use crate::checkpoint::{CheckpointError, Offset, Store};
+use crate::checkpoint::{ALL_TABLES, CheckpointError, Offset, SnapshotProgress, Store};
 use crate::config::OnError;
+use crate::config::SnapshotMode;
 use crate::daemon::commit::{self, CommitPolicy};
 use crate::daemon::feedback::Feedback;
 use crate::daemon::hotswap::{ActiveChain, Slot};
+use crate::daemon::snapshot::{self, SnapshotPolicy, Snapshots};
 use crate::event::Batch;
 use crate::retry::Backoff;
 use crate::sink::{Sink, SinkError};
@@ -81,6 +83,9 @@ pub struct PipelineConfig {
     pub source_stats: Arc<SourceStats>,
     /// The pipeline's counters (likewise).
     pub stats: Arc<PipelineStats>,
+    /// How existing rows are copied (`never` unless set: the configuration
+    /// file's default, `initial`, is applied by `daemon::prepare`).
+    pub snapshot: SnapshotPolicy,
 }
 
 impl PipelineConfig {
@@ -101,6 +106,10 @@ impl PipelineConfig {
             chain: None,
             source_stats: Arc::default(),
             stats: Arc::default(),
+            snapshot: SnapshotPolicy {
+                mode: SnapshotMode::Never,
+                ..SnapshotPolicy::default()
+            },
         }
     }
 }
@@ -232,6 +241,8 @@ pub struct Handles {
     /// Writes a batch (a replayed dead letter) to the sink, outside the
     /// stream: no checkpoint moves.
     pub replay: mpsc::Sender<Replay>,
+    /// The tables being copied.
+    pub snapshots: Arc<Snapshots>,
 }
 
 /// A batch to write to the sink outside the stream, and where to say how
@@ -284,6 +295,7 @@ pub async fn run<S: Sink>(
             pipeline: config.stats.clone(),
             chain: chain.clone(),
             replay: replay_tx,
+            snapshots: stages.snapshots.clone(),
         });
     }
     let mut delivery = Delivery {
@@ -345,6 +357,10 @@ async fn start_position(
         tracing::warn!(pipeline = %name, "the slot was recreated: resynchronise the target");
         offset = Offset::default();
         store.reset_offset(name, offset)?;
+        if config.snapshot.mode == SnapshotMode::Initial {
+            tracing::warn!(pipeline = %name, "the slot was recreated: every table is copied again (snapshot mode = \"initial\")");
+            snapshot::request_all(store, name)?;
+        }
     }
     Ok(Some(offset))
 }
@@ -390,6 +406,9 @@ async fn drain_over(deadline: Option<tokio::time::Instant>) {
 /// and the switches that stop them in order.
 struct Stages {
     feedback: Arc<Feedback>,
+    snapshots: Arc<Snapshots>,
+    /// Copies tables (`daemon::snapshot::run`).
+    copier: tokio::task::JoinHandle<()>,
     source_task: tokio::task::JoinHandle<Result<(), PipelineError>>,
     transformer: std::thread::JoinHandle<()>,
     committer: tokio::task::JoinHandle<()>,
@@ -413,6 +432,7 @@ impl Stages {
     ) -> (Stages, channel::Receiver<Staged>) {
         let name = &config.name;
         let feedback = Feedback::new(offset);
+        let snapshots = Snapshots::new(name);
         let (stop_source, source_stopped) = watch::channel(false);
         let (stop_commits, commits_stopped) = watch::channel(false);
         let (settle_source, source_settled) = watch::channel(false);
@@ -421,6 +441,7 @@ impl Stages {
             store.clone(),
             name.clone(),
             feedback.clone(),
+            snapshots.clone(),
             config.commit,
             move |err| failures.record_error(format!("checkpoint: {err}")),
             stopped(commits_stopped),
@@ -454,9 +475,18 @@ impl Stages {
             staged_tx,
             limits,
             &config.stats,
+            &snapshots,
         );
+        let copier = tokio::spawn(snapshot::run(
+            snapshots.clone(),
+            config.source.clone(),
+            store.clone(),
+            config.snapshot,
+        ));
         let stages = Stages {
             feedback,
+            snapshots,
+            copier,
             source_task,
             transformer,
             committer,
@@ -482,6 +512,8 @@ impl Stages {
     ) -> Result<(), PipelineError> {
         let Stages {
             feedback,
+            snapshots: _,
+            copier,
             source_task,
             transformer,
             committer,
@@ -489,6 +521,7 @@ impl Stages {
             stop_commits,
             settle_source,
         } = self;
+        copier.abort();
         let _ = stop_source.send(true);
         let deadline =
             deadline.unwrap_or_else(|| tokio::time::Instant::now() + config.drain_timeout);
@@ -598,6 +631,12 @@ impl<S: Sink> Delivery<'_, S> {
                 }
                 Staged::Ready(transformed) => transformed,
             };
+            if transformed.source.changes.is_empty() && transformed.is_empty() {
+                // Nothing to write (a transaction that carried only a
+                // snapshot watermark): acknowledged as written.
+                self.written(std::slice::from_ref(&transformed));
+                continue;
+            }
             let single = if self.singly > 0 {
                 self.singly -= 1;
                 transformed
@@ -824,8 +863,14 @@ async fn prepare_source(
     loop {
         let intent = || {
             if checkpoint.is_none() {
+                // With `mode = "initial"`, the request to copy every table
+                // is recorded in the same commit, before the slot exists.
+                let request = match config.snapshot.mode {
+                    SnapshotMode::Initial => vec![SnapshotProgress::pending(ALL_TABLES, None)],
+                    SnapshotMode::Never => Vec::new(),
+                };
                 store
-                    .commit_offset(&config.name, Offset::default())
+                    .commit_offset_with(&config.name, Offset::default(), &request)
                     .map_err(|err| SourceError::Requirement {
                         problem: format!("cannot record the new slot in the state file: {err}"),
                         fix: "make the state file writable (free space, permissions), then start again"
@@ -944,8 +989,10 @@ fn spawn_transforms(
     output: channel::Sender<Staged>,
     limits: crate::event::BatchLimits,
     counters: &Arc<PipelineStats>,
+    snapshots: &Arc<Snapshots>,
 ) -> std::thread::JoinHandle<()> {
     let active = active.clone();
+    let snapshots = snapshots.clone();
     let counters = counters.clone();
     let runtime = tokio::runtime::Handle::current();
     let span = tracing::info_span!("transforms", pipeline = %name);
@@ -986,6 +1033,8 @@ fn spawn_transforms(
                         chain = active.adopt(boundary);
                         empty = chain.modules().next().is_none();
                     }
+                    // Watermarks out, a placed chunk's rows in.
+                    snapshots.observe(&mut batch);
                     between = batch.txn.last;
                     if batch.txn.last {
                         boundary = crate::event::Lsn(batch.txn.end_lsn);

@@ -153,6 +153,17 @@ async fn prepare_pipeline(
     config.commit.group_delay = spec.group_commit.0;
     config.drain_timeout = spec.drain_timeout.0;
     config.adopt_slot = spec.source.adopt_slot;
+    config.snapshot = super::snapshot::SnapshotPolicy {
+        mode: spec.snapshot.mode,
+        chunk_rows: spec
+            .snapshot
+            .chunk_size
+            .map_or(crate::config::DEFAULT_CHUNK_ROWS, |c| c.0),
+        parallel_tables: spec
+            .snapshot
+            .parallel_tables
+            .map_or(crate::config::DEFAULT_PARALLEL_TABLES, |c| c.0),
+    };
     if let SinkSpec::Http {
         retry_initial,
         retry_max,

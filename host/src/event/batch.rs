@@ -125,6 +125,14 @@ pub enum Change {
         /// The new row.
         new: Vec<Value>,
     },
+    /// An existing row, read by a snapshot or a backfill: the row as it
+    /// was when its chunk was read (`docs/snapshots.md`).
+    Snapshot {
+        /// The table.
+        relation: Arc<Relation>,
+        /// The row.
+        new: Vec<Value>,
+    },
     /// A row was updated.
     Update {
         /// The table.

@@ -665,7 +665,10 @@ fn host_change(change: &WireChange, txn: &Txn) -> Option<Change> {
                 content: message.content.clone(),
             }
         }
-        Op::Snapshot => return None,
+        Op::Snapshot => Change::Snapshot {
+            relation: relation(),
+            new: aligned(change.new.as_ref()?, &change.columns),
+        },
     })
 }
 

@@ -29,6 +29,9 @@ impl Serialize for SinkChangeJson<'_> {
             ChangeRef::Source(Source::Insert { relation, new }) => {
                 (Op::Insert, relation, None, Some(new))
             }
+            ChangeRef::Source(Source::Snapshot { relation, new }) => {
+                (Op::Snapshot, relation, None, Some(new))
+            }
             ChangeRef::Source(Source::Update { relation, old, new }) => {
                 (Op::Update, relation, old.as_ref(), Some(new))
             }
@@ -186,6 +189,10 @@ mod tests {
                     key_only: true,
                     values: key,
                 },
+            },
+            event::Change::Snapshot {
+                relation: relation.clone(),
+                new: row.clone(),
             },
             event::Change::Insert {
                 relation: no_columns,

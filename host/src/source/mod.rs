@@ -26,6 +26,7 @@ pub(crate) mod catalog;
 pub(crate) mod check;
 pub(crate) mod pgoutput;
 pub(crate) mod replication;
+pub(crate) mod snapshot;
 pub(crate) mod stream;
 
 use std::time::Duration;

@@ -32,7 +32,7 @@ pub(crate) const PG_EPOCH_OFFSET_MICROS: i64 = 946_684_800_000_000;
 
 /// Settings sent in the startup packet. They fix the text form of every value
 /// the walsender sends, which [`super::values`] parses.
-const SESSION_SETTINGS: [(&str, &str); 6] = [
+pub(crate) const SESSION_SETTINGS: [(&str, &str); 6] = [
     ("client_encoding", "UTF8"),
     ("DateStyle", "ISO, MDY"),
     ("TimeZone", "UTC"),

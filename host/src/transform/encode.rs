@@ -287,6 +287,7 @@ fn infer_columns(change: &WireChange, input: &[Item], source: &Batch) -> Vec<Wir
     let known: Option<Vec<WireColumn>> = input.iter().find_map(|item| match item {
         Item::Source(i) => source.changes.get(*i).and_then(|c| match c {
             Change::Insert { relation, .. }
+            | Change::Snapshot { relation, .. }
             | Change::Update { relation, .. }
             | Change::Delete { relation, .. }
                 if relation.schema == change.schema && relation.table == change.table =>
@@ -346,6 +347,11 @@ pub fn to_wire(change: &Change) -> WireChange {
     match change {
         Change::Insert { relation, new } => {
             let mut c = row_change(Op::Insert, relation);
+            c.new = Some(wire_row(relation, new, false));
+            c
+        }
+        Change::Snapshot { relation, new } => {
+            let mut c = row_change(Op::Snapshot, relation);
             c.new = Some(wire_row(relation, new, false));
             c
         }
@@ -465,7 +471,10 @@ impl Serialize for HostChange<'_> {
         // MessagePack wants a map's length up front.
         let len = match self.0 {
             Change::Update { old: Some(_), .. } => 6,
-            Change::Insert { .. } | Change::Update { .. } | Change::Delete { .. } => 5,
+            Change::Insert { .. }
+            | Change::Snapshot { .. }
+            | Change::Update { .. }
+            | Change::Delete { .. } => 5,
             Change::Truncate { .. } | Change::Message { .. } => {
                 // Rare: not worth a borrowed form.
                 return to_wire(self.0).serialize(serializer);
@@ -473,8 +482,12 @@ impl Serialize for HostChange<'_> {
         };
         let mut map = serializer.serialize_map(Some(len))?;
         match self.0 {
-            Change::Insert { relation, new } => {
-                map.serialize_entry("op", "insert")?;
+            Change::Insert { relation, new } | Change::Snapshot { relation, new } => {
+                let op = match self.0 {
+                    Change::Snapshot { .. } => "snapshot",
+                    _ => "insert",
+                };
+                map.serialize_entry("op", op)?;
                 map.serialize_entry("schema", &relation.schema)?;
                 map.serialize_entry("table", &relation.table)?;
                 map.serialize_entry("columns", &Columns(&relation.columns))?;

@@ -14,6 +14,7 @@ mod run;
 mod scaffold;
 mod sink_http;
 mod sink_postgres;
+mod snapshot;
 mod source;
 mod tls_harness;
 mod transform;

@@ -1,0 +1,668 @@
+//! Snapshots and backfills: each table's existing rows, copied in chunks
+//! along its key and placed in the live stream between watermarks
+//! (`docs/snapshots.md`).
+//!
+//! Three parts meet here:
+//!
+//! * the copy tasks (`run`, one task per table copying, at most
+//!   `parallel_tables` at once): write a low watermark, read a chunk
+//!   (`crate::source::snapshot`), hand its rows over, write a high
+//!   watermark, wait until the chunk is placed, move the cursor;
+//! * the transform thread calls [`Snapshots::observe`] on every batch, in
+//!   stream order: between a chunk's two watermarks it remembers every key
+//!   of that table the stream changes; at the high watermark it appends the
+//!   chunk's rows minus those keys to that batch as `Change::Snapshot`, and
+//!   notes the table's new progress under the batch's end LSN;
+//! * the commit loop takes the progress notes at or below the checkpoint it
+//!   commits and writes them in the same state-file commit
+//!   ([`Snapshots::progress_upto`]), so a table's progress never runs ahead
+//!   of, or behind, the stream position it is consistent with.
+//!
+//! Nothing here holds the stream back: batches flow through `observe`
+//! whether or not a copy is running, and a table that is done is simply no
+//! longer watched.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use datum_guest::Value;
+use serde_json::{Value as Json, json};
+use tokio::sync::oneshot;
+
+use crate::checkpoint::{ALL_TABLES, SnapshotProgress, Store, TableState, now_micros};
+use crate::config::SnapshotMode;
+use crate::event::{Batch, Change, Lsn, Relation};
+use crate::retry::Backoff;
+use crate::source::snapshot::{self as reader, SnapshotTable, WATERMARK_PREFIX};
+use crate::source::{SourceConfig, SourceError};
+
+/// How a pipeline copies existing rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotPolicy {
+    /// Whether a pipeline whose slot Datum creates starts with its tables'
+    /// existing rows.
+    pub mode: SnapshotMode,
+    /// Rows per chunk.
+    pub chunk_rows: usize,
+    /// Tables copied at once.
+    pub parallel_tables: usize,
+}
+
+impl Default for SnapshotPolicy {
+    fn default() -> Self {
+        SnapshotPolicy {
+            mode: SnapshotMode::Initial,
+            chunk_rows: crate::config::DEFAULT_CHUNK_ROWS,
+            parallel_tables: crate::config::DEFAULT_PARALLEL_TABLES,
+        }
+    }
+}
+
+/// What the copy tasks, the transform thread, the commit loop and the admin
+/// API share about one run of a pipeline.
+#[derive(Debug)]
+pub struct Snapshots {
+    pipeline: String,
+    /// Tells this run's watermarks from those of an earlier run still in
+    /// the WAL.
+    nonce: u64,
+    next_id: AtomicU64,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// Chunks between their low watermark's writing and their placing.
+    chunks: HashMap<u64, Chunk>,
+    /// Progress to commit with the checkpoint, by the end LSN of the batch
+    /// that carried the chunk.
+    ledger: BTreeMap<Lsn, Vec<SnapshotProgress>>,
+    /// Each table's copy as this run sees it.
+    live: BTreeMap<String, Live>,
+}
+
+#[derive(Debug)]
+struct Chunk {
+    oid: u32,
+    key_names: Vec<String>,
+    /// The low watermark was seen: keys are being collected.
+    open: bool,
+    /// The table was truncated between the watermarks.
+    truncated: bool,
+    touched: HashSet<Vec<u8>>,
+    /// Positions of the key in the stream's relation (by the relation's
+    /// address, which changes when the stream describes it again).
+    positions: Option<(usize, Vec<Option<usize>>)>,
+    ready: Option<Ready>,
+    answer: Option<oneshot::Sender<Placed>>,
+}
+
+/// A chunk's rows, handed over before its high watermark is written.
+#[derive(Debug)]
+struct Ready {
+    relation: Arc<Relation>,
+    key: Vec<usize>,
+    rows: Vec<Vec<Value>>,
+    bytes: usize,
+    progress: SnapshotProgress,
+}
+
+/// What became of a chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Placed {
+    /// Its rows went into the stream; `dropped` of them were left out
+    /// because the stream changed their keys between the watermarks.
+    Emitted { emitted: u64, dropped: u64 },
+    /// Its low watermark was not seen in this run: read it again.
+    Lost,
+}
+
+/// A table's copy as this run sees it.
+#[derive(Debug, Clone)]
+pub(crate) struct Live {
+    pub state: TableState,
+    /// The progress of the last chunk placed (durable once the checkpoint
+    /// passes it).
+    pub placed: Option<SnapshotProgress>,
+    /// Rows copied by this run.
+    pub rows_this_run: u64,
+    /// `pg_class.reltuples` when the copy last looked.
+    pub estimate: u64,
+    /// When this run started copying it.
+    pub started: Instant,
+    pub error: Option<String>,
+}
+
+/// A watermark's content.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Mark {
+    pipeline: String,
+    run: String,
+    chunk: u64,
+    mark: String,
+    table: String,
+}
+
+impl Snapshots {
+    pub(crate) fn new(pipeline: &str) -> Arc<Snapshots> {
+        let nonce = (now_micros() as u64) ^ (u64::from(std::process::id()) << 40);
+        Arc::new(Snapshots {
+            pipeline: pipeline.to_owned(),
+            nonce,
+            next_id: AtomicU64::new(1),
+            inner: Mutex::new(Inner::default()),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The copy of `table` as this run sees it, if it copies it.
+    pub(crate) fn live(&self, table: &str) -> Option<Live> {
+        self.lock().live.get(table).cloned()
+    }
+
+    /// Watches the stream for `table`'s next chunk; the content of its
+    /// low and high watermarks, and where to learn what became of it.
+    fn begin_chunk(
+        &self,
+        table: &SnapshotTable,
+    ) -> (u64, String, String, oneshot::Receiver<Placed>) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        let key_names = table
+            .key
+            .iter()
+            .map(|i| table.relation.columns[*i].name.clone())
+            .collect();
+        self.lock().chunks.insert(
+            id,
+            Chunk {
+                oid: table.oid,
+                key_names,
+                open: false,
+                truncated: false,
+                touched: HashSet::new(),
+                positions: None,
+                ready: None,
+                answer: Some(tx),
+            },
+        );
+        let mark = |kind: &str| {
+            serde_json::to_string(&Mark {
+                pipeline: self.pipeline.clone(),
+                run: format!("{:016x}", self.nonce),
+                chunk: id,
+                mark: kind.to_owned(),
+                table: table.name.clone(),
+            })
+            .unwrap_or_default()
+        };
+        (id, mark("low"), mark("high"), rx)
+    }
+
+    fn chunk_read(&self, id: u64, ready: Ready) {
+        if let Some(chunk) = self.lock().chunks.get_mut(&id) {
+            chunk.ready = Some(ready);
+        }
+    }
+
+    fn abandon(&self, id: u64) {
+        self.lock().chunks.remove(&id);
+    }
+
+    fn set_live(&self, table: &str, update: impl FnOnce(&mut Live)) {
+        let mut inner = self.lock();
+        if let Some(live) = inner.live.get_mut(table) {
+            update(live);
+        }
+    }
+
+    /// Called by the transform thread on every batch, in stream order,
+    /// before the modules: takes watermarks out, collects the keys the
+    /// stream changes while a chunk of their table is between watermarks,
+    /// and places each chunk at its high watermark.
+    pub(crate) fn observe(&self, batch: &mut Batch) {
+        let marked = batch
+            .changes
+            .iter()
+            .any(|c| matches!(c, Change::Message { prefix, .. } if prefix == WATERMARK_PREFIX));
+        let mut inner = self.lock();
+        if !marked && !inner.chunks.values().any(|c| c.open) {
+            return;
+        }
+        let end_lsn = Lsn(batch.txn.end_lsn);
+        let changes = std::mem::take(&mut batch.changes);
+        let mut out = Vec::with_capacity(changes.len());
+        for change in changes {
+            match &change {
+                Change::Message {
+                    prefix, content, ..
+                } if prefix == WATERMARK_PREFIX => {
+                    // Watermarks never reach modules or sinks, whichever
+                    // run or pipeline wrote them.
+                    if let Some(mark) = self.ours(content) {
+                        match mark.mark.as_str() {
+                            "low" => {
+                                if let Some(chunk) = inner.chunks.get_mut(&mark.chunk) {
+                                    chunk.open = true;
+                                }
+                            }
+                            _ => {
+                                if let Some(chunk) = inner.chunks.remove(&mark.chunk) {
+                                    let bytes = place(&mut inner, chunk, end_lsn, &mut out);
+                                    batch.bytes += bytes;
+                                }
+                            }
+                        }
+                    }
+                    continue;
+                }
+                Change::Insert { relation, new } => touch(&mut inner, relation, new),
+                Change::Update { relation, old, new } => {
+                    touch(&mut inner, relation, new);
+                    if let Some(old) = old {
+                        touch(&mut inner, relation, &old.values);
+                    }
+                }
+                Change::Delete { relation, old } => touch(&mut inner, relation, &old.values),
+                Change::Truncate { relations, .. } => {
+                    for chunk in inner.chunks.values_mut().filter(|c| c.open) {
+                        if relations.iter().any(|r| r.oid == chunk.oid) {
+                            chunk.truncated = true;
+                        }
+                    }
+                }
+                Change::Snapshot { .. } | Change::Message { .. } => {}
+            }
+            out.push(change);
+        }
+        batch.changes = out;
+    }
+
+    fn ours(&self, content: &[u8]) -> Option<Mark> {
+        let mark: Mark = serde_json::from_slice(content).ok()?;
+        (mark.pipeline == self.pipeline && mark.run == format!("{:016x}", self.nonce))
+            .then_some(mark)
+    }
+
+    /// The progress to commit with a checkpoint at `lsn`: the latest note
+    /// of each table at or below it.
+    pub(crate) fn progress_upto(&self, lsn: Lsn) -> Vec<SnapshotProgress> {
+        let inner = self.lock();
+        let mut latest: BTreeMap<&str, &SnapshotProgress> = BTreeMap::new();
+        for notes in inner.ledger.range(..=lsn).map(|(_, n)| n) {
+            for note in notes {
+                latest.insert(&note.table, note);
+            }
+        }
+        latest.into_values().cloned().collect()
+    }
+
+    /// A checkpoint at `lsn` is durable, with its progress.
+    pub(crate) fn committed(&self, lsn: Lsn) {
+        let mut inner = self.lock();
+        let later = inner.ledger.split_off(&Lsn(lsn.0.saturating_add(1)));
+        inner.ledger = later;
+    }
+}
+
+/// The stream changed a row of `relation`: its key counts as touched for
+/// every chunk of that table between its watermarks.
+fn touch(inner: &mut Inner, relation: &Arc<Relation>, values: &[Value]) {
+    let address = Arc::as_ptr(relation) as usize;
+    for chunk in inner.chunks.values_mut() {
+        if !chunk.open || chunk.oid != relation.oid {
+            continue;
+        }
+        if chunk.positions.as_ref().map(|(a, _)| *a) != Some(address) {
+            let positions = chunk
+                .key_names
+                .iter()
+                .map(|name| relation.columns.iter().position(|c| &c.name == name))
+                .collect();
+            chunk.positions = Some((address, positions));
+        }
+        let Some((_, positions)) = &chunk.positions else {
+            continue;
+        };
+        let key: Option<Vec<&Value>> = positions
+            .iter()
+            .map(|p| p.and_then(|p| values.get(p)))
+            .collect();
+        if let Some(key) = key {
+            chunk.touched.insert(key_bytes(key));
+        }
+    }
+}
+
+/// A key as bytes, for equality only (never for order: PostgreSQL orders).
+fn key_bytes<'a>(key: impl IntoIterator<Item = &'a Value>) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for value in key {
+        // Serialising a value into memory does not fail.
+        let _ = rmp_serde::encode::write(&mut bytes, value);
+    }
+    bytes
+}
+
+/// The chunk's high watermark: its rows minus the touched keys go out,
+/// and its progress is noted under `lsn`. Returns the bytes added.
+fn place(inner: &mut Inner, chunk: Chunk, lsn: Lsn, out: &mut Vec<Change>) -> usize {
+    let Chunk {
+        open,
+        truncated,
+        touched,
+        ready,
+        answer,
+        ..
+    } = chunk;
+    let (Some(ready), true) = (ready, open) else {
+        if let Some(answer) = answer {
+            let _ = answer.send(Placed::Lost);
+        }
+        return 0;
+    };
+    let total = ready.rows.len() as u64;
+    let mut emitted = 0u64;
+    if !truncated {
+        for row in ready.rows {
+            if touched.contains(&key_bytes(ready.key.iter().filter_map(|i| row.get(*i)))) {
+                continue;
+            }
+            out.push(Change::Snapshot {
+                relation: ready.relation.clone(),
+                new: row,
+            });
+            emitted += 1;
+        }
+    }
+    let progress = ready.progress;
+    if let Some(live) = inner.live.get_mut(&progress.table) {
+        live.rows_this_run += total;
+        live.state = progress.state;
+        live.placed = Some(progress.clone());
+    }
+    inner.ledger.entry(lsn).or_default().push(progress);
+    if let Some(answer) = answer {
+        let _ = answer.send(Placed::Emitted {
+            emitted,
+            dropped: total - emitted,
+        });
+    }
+    ready.bytes
+}
+
+/// Runs the pipeline's copies: turns the request for every table into one
+/// per table, then copies the tables still pending or copying, at most
+/// `parallel_tables` at once. A table that fails is stored as failed, with
+/// the error; the others go on.
+pub(crate) async fn run(
+    snapshots: Arc<Snapshots>,
+    source: SourceConfig,
+    store: Arc<Store>,
+    policy: SnapshotPolicy,
+) {
+    let name = snapshots.pipeline.clone();
+    let mut backoff = Backoff::new(source.reconnect_initial, source.reconnect_max);
+    let todo = loop {
+        match plan(&snapshots, &source, &store).await {
+            Ok(todo) => break todo,
+            Err(err) => {
+                let wait = backoff.next_wait();
+                tracing::warn!(pipeline = %name, error = %err, retry_in = ?wait, "cannot plan the snapshot yet; retrying");
+                tokio::time::sleep(wait).await;
+            }
+        }
+    };
+    if todo.is_empty() {
+        return;
+    }
+    {
+        let mut inner = snapshots.lock();
+        for progress in &todo {
+            inner.live.insert(
+                progress.table.clone(),
+                Live {
+                    state: progress.state,
+                    placed: None,
+                    rows_this_run: 0,
+                    estimate: 0,
+                    started: Instant::now(),
+                    error: None,
+                },
+            );
+        }
+    }
+    tracing::info!(pipeline = %name, tables = todo.len(), parallel = policy.parallel_tables, "snapshot: copying tables");
+    let mut queue = todo.into_iter();
+    let mut running = tokio::task::JoinSet::new();
+    loop {
+        while running.len() < policy.parallel_tables.max(1) {
+            let Some(progress) = queue.next() else { break };
+            running.spawn(copy_table(
+                snapshots.clone(),
+                source.clone(),
+                policy,
+                progress,
+            ));
+        }
+        let Some(done) = running.join_next().await else {
+            return;
+        };
+        let Ok((mut progress, result)) = done else {
+            continue;
+        };
+        if let Err(err) = result {
+            tracing::error!(pipeline = %name, table = %progress.table, error = %err, "snapshot of the table failed; the others go on");
+            progress.state = TableState::Failed;
+            progress.error = Some(err.to_string());
+            progress.updated_at = now_micros();
+            snapshots.set_live(&progress.table, |live| {
+                live.state = TableState::Failed;
+                live.error = Some(err.to_string());
+            });
+            if let Err(err) = store.put_snapshot_progress(&name, &[progress]) {
+                tracing::error!(pipeline = %name, error = %err, "cannot record the failed snapshot");
+            }
+        }
+    }
+}
+
+/// The tables to copy: the request for every table becomes one pending
+/// row per table of the publication (in one commit), then every table
+/// pending or copying.
+async fn plan(
+    snapshots: &Snapshots,
+    source: &SourceConfig,
+    store: &Store,
+) -> Result<Vec<SnapshotProgress>, SourceError> {
+    let name = &snapshots.pipeline;
+    let stored = store
+        .snapshot_progress(name)
+        .map_err(|e| SourceError::Protocol(format!("state file: {e}")))?;
+    let stored = if stored.iter().any(|p| p.table == ALL_TABLES) {
+        let client = reader::connect(&source.conninfo).await?;
+        let tables = reader::publication_tables(&client, &source.publication).await?;
+        let pending: Vec<SnapshotProgress> = tables
+            .iter()
+            .map(|t| SnapshotProgress::pending(t, None))
+            .collect();
+        store
+            .replace_snapshot_progress(name, &[ALL_TABLES], &pending)
+            .map_err(|e| SourceError::Protocol(format!("state file: {e}")))?;
+        tracing::info!(pipeline = %name, tables = pending.len(), "snapshot: every table of the publication is pending");
+        store
+            .snapshot_progress(name)
+            .map_err(|e| SourceError::Protocol(format!("state file: {e}")))?
+    } else {
+        stored
+    };
+    Ok(stored
+        .into_iter()
+        .filter(|p| matches!(p.state, TableState::Pending | TableState::Copying))
+        .collect())
+}
+
+/// Copies one table from its cursor to its end, reconnecting with back-off
+/// while the failure is passing. Returns its last progress and how it
+/// ended.
+async fn copy_table(
+    snapshots: Arc<Snapshots>,
+    source: SourceConfig,
+    policy: SnapshotPolicy,
+    mut progress: SnapshotProgress,
+) -> (SnapshotProgress, Result<(), SourceError>) {
+    let mut backoff = Backoff::new(source.reconnect_initial, source.reconnect_max);
+    snapshots.set_live(&progress.table, |live| live.state = TableState::Copying);
+    loop {
+        match copy_chunks(&snapshots, &source, policy, &mut progress).await {
+            Ok(()) => return (progress, Ok(())),
+            Err(err) if err.is_transient() => {
+                let wait = backoff.next_wait();
+                tracing::warn!(pipeline = %snapshots.pipeline, table = %progress.table, error = %err, retry_in = ?wait, "snapshot chunk failed; retrying");
+                tokio::time::sleep(wait).await;
+            }
+            Err(err) => return (progress, Err(err)),
+        }
+    }
+}
+
+/// Chunk after chunk until a short one: low watermark, read, high
+/// watermark, wait until placed. `progress` moves only once a chunk is
+/// placed, so a retry reads the chunk again.
+async fn copy_chunks(
+    snapshots: &Snapshots,
+    source: &SourceConfig,
+    policy: SnapshotPolicy,
+    progress: &mut SnapshotProgress,
+) -> Result<(), SourceError> {
+    let client = reader::connect(&source.conninfo).await?;
+    let limit = policy.chunk_rows.max(1);
+    let mut last_log = Instant::now();
+    loop {
+        let table = reader::describe(&client, &progress.table).await?;
+        snapshots.set_live(&progress.table, |live| live.estimate = table.estimate);
+        let (id, low, high, placed) = snapshots.begin_chunk(&table);
+        let chunk = async {
+            reader::emit_watermark(&client, &low).await?;
+            let rows =
+                reader::read_chunk(&client, &table, progress.cursor.as_deref(), limit).await?;
+            let read = rows.rows.len() as u64;
+            let mut next = progress.clone();
+            next.rows += read;
+            next.chunks += 1;
+            next.updated_at = now_micros();
+            next.error = None;
+            if rows.last_key.is_some() {
+                next.cursor = rows.last_key;
+            }
+            next.state = if read < limit as u64 {
+                TableState::Done
+            } else {
+                TableState::Copying
+            };
+            snapshots.chunk_read(
+                id,
+                Ready {
+                    relation: table.relation.clone(),
+                    key: table.key.clone(),
+                    rows: rows.rows,
+                    bytes: rows.bytes,
+                    progress: next.clone(),
+                },
+            );
+            reader::emit_watermark(&client, &high).await?;
+            Ok::<_, SourceError>(next)
+        };
+        let next = match chunk.await {
+            Ok(next) => next,
+            Err(err) => {
+                snapshots.abandon(id);
+                return Err(err);
+            }
+        };
+        match placed.await {
+            Ok(Placed::Emitted { emitted, dropped }) => {
+                tracing::debug!(pipeline = %snapshots.pipeline, table = %progress.table, emitted, dropped, "snapshot chunk placed");
+                *progress = next;
+            }
+            // Read it again: its low watermark was not seen.
+            Ok(Placed::Lost) => continue,
+            // The pipeline is stopping.
+            Err(_) => return Ok(()),
+        }
+        if last_log.elapsed() >= Duration::from_secs(10) || progress.state == TableState::Done {
+            last_log = Instant::now();
+            tracing::info!(pipeline = %snapshots.pipeline, table = %progress.table, rows = progress.rows, estimate = table.estimate, state = progress.state.name(), "snapshot progress");
+        }
+        if progress.state == TableState::Done {
+            return Ok(());
+        }
+    }
+}
+
+/// A table's snapshot in the status endpoint: its durable progress, with
+/// this run's rate and an estimate of what is left when it is copying.
+pub(crate) fn status(stored: &SnapshotProgress, live: Option<Live>) -> Json {
+    let progress = live
+        .as_ref()
+        .and_then(|l| l.placed.as_ref())
+        .unwrap_or(stored);
+    let mut state = progress.state;
+    let rows = progress.rows;
+    let mut error = progress.error.clone();
+    let (mut estimate, mut rate, mut eta) = (Json::Null, Json::Null, Json::Null);
+    if let Some(live) = live.as_ref() {
+        state = live.state;
+        if live.error.is_some() {
+            error = live.error.clone();
+        }
+        estimate = json!(live.estimate.max(rows));
+        let elapsed = live.started.elapsed().as_secs_f64();
+        if elapsed > 0.0 && live.rows_this_run > 0 {
+            let per_second = live.rows_this_run as f64 / elapsed;
+            rate = json!((per_second * 10.0).round() / 10.0);
+            if state == TableState::Copying && per_second > 0.0 {
+                let left = live.estimate.saturating_sub(rows) as f64;
+                eta = json!((left / per_second).ceil());
+            }
+        }
+    }
+    json!({
+        "table": progress.table,
+        "state": state.name(),
+        "rows": rows,
+        "estimated_rows": estimate,
+        "rows_per_second": rate,
+        "eta_seconds": eta,
+        "chunks": progress.chunks,
+        "cursor": progress.cursor,
+        "error": error,
+        "started_at": progress.started_at,
+        "updated_at": progress.updated_at,
+        "checkpointed": {"state": stored.state.name(), "rows": stored.rows, "chunks": stored.chunks},
+    })
+}
+
+/// Records, in the state file, that every table of the publication is to
+/// be copied: before the slot is created, or when it was recreated.
+pub(crate) fn request_all(
+    store: &Store,
+    pipeline: &str,
+) -> Result<(), crate::checkpoint::CheckpointError> {
+    let stored: Vec<String> = store
+        .snapshot_progress(pipeline)?
+        .into_iter()
+        .map(|p| p.table)
+        .collect();
+    let remove: Vec<&str> = stored.iter().map(String::as_str).collect();
+    store.replace_snapshot_progress(
+        pipeline,
+        &remove,
+        &[SnapshotProgress::pending(ALL_TABLES, None)],
+    )
+}

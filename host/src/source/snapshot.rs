@@ -1,0 +1,426 @@
+//! Reading a table's existing rows, chunk by chunk along a key, on an
+//! ordinary SQL connection, and the watermarks that place each chunk in the
+//! replication stream (`docs/snapshots.md`).
+//!
+//! Owns describing a table as the stream would (columns, types, key flags)
+//! plus the key a copy walks along, reading one chunk in one short
+//! statement, and writing a watermark. It does not decide which rows of a
+//! chunk reach the sink, nor when progress is durable: the daemon's
+//! snapshot coordinator does (`host/src/daemon/snapshot.rs`).
+//!
+//! Values are read in text form, with the session settings of the
+//! replication connection, and parsed by the same code as the stream's, so
+//! a key read here equals the same key decoded from the stream.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use datum_guest::Value;
+use tokio_postgres::{Client, SimpleQueryMessage};
+
+use super::SourceError;
+use super::catalog;
+use crate::event::values::{self, TypeKind};
+use crate::event::{Column, Relation, ReplicaIdentity};
+use crate::pg::{self, ConnInfo, quote_ident, quote_literal};
+
+/// The prefix of the logical messages that carry watermarks.
+pub(crate) const WATERMARK_PREFIX: &str = "datum.snapshot";
+
+/// A table as a copy reads it.
+#[derive(Debug, Clone)]
+pub(crate) struct SnapshotTable {
+    /// `schema.table`.
+    pub name: String,
+    /// Its OID (what the stream's changes carry).
+    pub oid: u32,
+    /// Columns as the stream describes them.
+    pub relation: Arc<Relation>,
+    /// Positions in `relation.columns` of the key the copy walks along, in
+    /// the key's order: the primary key, else the replica identity index,
+    /// else the narrowest unique index over NOT NULL columns.
+    pub key: Vec<usize>,
+    /// The planner's estimate of its rows (`pg_class.reltuples`; 0 when
+    /// never analysed).
+    pub estimate: u64,
+}
+
+/// Rows of one chunk, in key order.
+#[derive(Debug, Default)]
+pub(crate) struct ChunkRows {
+    /// Values aligned with the relation's columns.
+    pub rows: Vec<Vec<Value>>,
+    /// The text of the last row's key, one entry per key column: where the
+    /// next chunk starts.
+    pub last_key: Option<Vec<String>>,
+    /// Approximate size of the rows' text, in bytes.
+    pub bytes: usize,
+}
+
+/// Opens an ordinary SQL connection whose values print as the replication
+/// connection's do.
+pub(crate) async fn connect(info: &ConnInfo) -> Result<Client, SourceError> {
+    let client = catalog::connect(info).await?;
+    let settings: String = super::replication::SESSION_SETTINGS
+        .iter()
+        .map(|(name, value)| format!("SET {name} = {};", quote_literal(value)))
+        .collect();
+    client
+        .batch_execute(&settings)
+        .await
+        .map_err(SourceError::Sql)?;
+    Ok(client)
+}
+
+/// The tables a publication publishes, as `schema.table`.
+pub(crate) async fn publication_tables(
+    client: &Client,
+    publication: &str,
+) -> Result<Vec<String>, SourceError> {
+    let rows = client
+        .query(
+            "SELECT schemaname::text, tablename::text FROM pg_publication_tables \
+             WHERE pubname = $1 ORDER BY 1, 2",
+            &[&publication],
+        )
+        .await
+        .map_err(SourceError::Sql)?;
+    Ok(rows
+        .iter()
+        .map(|r| format!("{}.{}", r.get::<_, String>(0), r.get::<_, String>(1)))
+        .collect())
+}
+
+/// The `schema.table` a user's table name means (`orders`, `sales.orders`,
+/// `"Mixed Case"`), as PostgreSQL resolves it.
+pub(crate) async fn resolve_table(client: &Client, name: &str) -> Result<String, SourceError> {
+    let row = client
+        .query_opt(
+            "SELECT n.nspname::text, c.relname::text FROM pg_class c \
+             JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)",
+            &[&name],
+        )
+        .await
+        .map_err(SourceError::Sql)?;
+    match row {
+        Some(row) => Ok(format!(
+            "{}.{}",
+            row.get::<_, String>(0),
+            row.get::<_, String>(1)
+        )),
+        None => Err(SourceError::Requirement {
+            problem: format!("table {name} does not exist"),
+            fix: "name an existing table (schema.table)".into(),
+        }),
+    }
+}
+
+/// Describes `schema.table` for a copy: its columns as the stream would
+/// describe them and the key to walk along.
+pub(crate) async fn describe(client: &Client, name: &str) -> Result<SnapshotTable, SourceError> {
+    let (schema, table) = super::check::split_table(name);
+    let row = client
+        .query_opt(
+            "SELECT c.oid, c.relreplident::text, greatest(c.reltuples, 0)::float8, \
+                    has_table_privilege(c.oid, 'SELECT') \
+             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')",
+            &[&schema, &table],
+        )
+        .await
+        .map_err(SourceError::Sql)?
+        .ok_or_else(|| SourceError::Requirement {
+            problem: format!("table {name} does not exist (was it dropped or renamed?)"),
+            fix: format!(
+                "re-create {name} and backfill it, or remove it from the pipeline's tables"
+            ),
+        })?;
+    let oid: u32 = row.get(0);
+    let replident: String = row.get(1);
+    let estimate: f64 = row.get(2);
+    if !row.get::<_, bool>(3) {
+        return Err(SourceError::Requirement {
+            problem: format!("the source role may not read {name}"),
+            fix: format!(
+                "GRANT SELECT ON {} TO the role in source.url",
+                sql_name(name)
+            ),
+        });
+    }
+    let columns = client
+        .query(
+            "SELECT attnum, attname::text, atttypid, atttypmod FROM pg_attribute \
+             WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped AND attgenerated = '' \
+             ORDER BY attnum",
+            &[&oid],
+        )
+        .await
+        .map_err(SourceError::Sql)?;
+    let indexes = client
+        .query(
+            "SELECT i.indisprimary, i.indisreplident, \
+                    (SELECT array_agg(k ORDER BY n) FROM unnest(i.indkey::int2[]) \
+                       WITH ORDINALITY AS u(k, n) WHERE n <= i.indnkeyatts), \
+                    bool_and(a.attnotnull) \
+             FROM pg_index i \
+             JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey) \
+             WHERE i.indrelid = $1 AND i.indisunique AND i.indisvalid \
+               AND i.indexprs IS NULL AND i.indpred IS NULL \
+             GROUP BY i.indexrelid, i.indisprimary, i.indisreplident, i.indkey, i.indnkeyatts",
+            &[&oid],
+        )
+        .await
+        .map_err(SourceError::Sql)?;
+    let attnums: Vec<i16> = columns.iter().map(|c| c.get(0)).collect();
+    let position = |attnum: i16| attnums.iter().position(|a| *a == attnum);
+    let index_columns = |row: &tokio_postgres::Row| -> Option<Vec<usize>> {
+        let keys: Vec<i16> = row.get::<_, Option<Vec<i16>>>(2)?;
+        keys.into_iter().map(position).collect()
+    };
+    let primary = indexes
+        .iter()
+        .find(|i| i.get::<_, bool>(0))
+        .and_then(index_columns);
+    let identity_index = indexes
+        .iter()
+        .find(|i| i.get::<_, bool>(1))
+        .and_then(index_columns);
+    let unique_not_null = indexes
+        .iter()
+        .filter(|i| i.get::<_, Option<bool>>(3) == Some(true))
+        .filter_map(index_columns)
+        .min_by_key(Vec::len);
+    let key = primary
+        .clone()
+        .or_else(|| identity_index.clone())
+        .or(unique_not_null)
+        .ok_or_else(|| SourceError::Requirement {
+            problem: format!(
+                "table {name} has neither a primary key nor a unique index over NOT NULL \
+                 columns, so its rows cannot be copied in chunks without going back in time"
+            ),
+            fix: format!(
+                "add one (ALTER TABLE {} ADD PRIMARY KEY (...)), or leave {name} out of the \
+                 snapshot",
+                sql_name(name)
+            ),
+        })?;
+
+    let type_oids: Vec<u32> = columns.iter().map(|c| c.get(2)).collect();
+    let custom: Vec<u32> = type_oids
+        .iter()
+        .copied()
+        .filter(|oid| TypeKind::builtin(*oid).is_none())
+        .collect();
+    let resolved = catalog::resolve_types(client, &custom).await?;
+    // Key flags as pgoutput sets them for this replica identity, so that a
+    // copied row and a streamed one look alike to modules and sinks; when
+    // the identity flags nothing, the copy's key.
+    let (replica_identity, flagged): (ReplicaIdentity, Vec<usize>) = match replident.as_str() {
+        "f" => (ReplicaIdentity::Full, (0..columns.len()).collect()),
+        "i" => (ReplicaIdentity::Index, identity_index.unwrap_or_default()),
+        "n" => (ReplicaIdentity::Nothing, Vec::new()),
+        _ => (ReplicaIdentity::Default, primary.unwrap_or_default()),
+    };
+    let flagged = if flagged.is_empty() {
+        key.clone()
+    } else {
+        flagged
+    };
+    let columns = columns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let type_oid: u32 = c.get(2);
+            let (type_name, kind) = column_type(type_oid, &resolved);
+            Column {
+                name: c.get(1),
+                type_oid,
+                type_name,
+                type_modifier: c.get(3),
+                key: flagged.contains(&i),
+                kind,
+            }
+        })
+        .collect();
+    Ok(SnapshotTable {
+        name: name.to_owned(),
+        oid,
+        relation: Arc::new(Relation {
+            oid,
+            schema,
+            table,
+            replica_identity,
+            columns,
+        }),
+        key,
+        estimate: estimate as u64,
+    })
+}
+
+/// A column type's name and how its text parses, as the stream's
+/// assembler names and parses it.
+fn column_type(
+    oid: u32,
+    resolved: &HashMap<u32, super::assembler::ResolvedType>,
+) -> (String, TypeKind) {
+    if let Some(kind) = TypeKind::builtin(oid) {
+        let name = values::builtin_name(oid)
+            .map(str::to_owned)
+            .unwrap_or_else(|| kind.name());
+        return (name, kind);
+    }
+    match resolved.get(&oid) {
+        Some(t) => (t.name.clone(), t.kind.clone()),
+        None => {
+            let name = format!("oid:{oid}");
+            (name.clone(), TypeKind::Other { type_name: name })
+        }
+    }
+}
+
+/// `schema.table` quoted for SQL.
+fn sql_name(name: &str) -> String {
+    let (schema, table) = super::check::split_table(name);
+    format!("{}.{}", quote_ident(&schema), quote_ident(&table))
+}
+
+/// Reads the next chunk: at most `limit` rows whose key is above `after`
+/// (from the first row when `None`), in key order, in one statement (its
+/// own short transaction). Ordering is PostgreSQL's: the key is compared
+/// here only for equality.
+pub(crate) async fn read_chunk(
+    client: &Client,
+    table: &SnapshotTable,
+    after: Option<&[String]>,
+    limit: usize,
+) -> Result<ChunkRows, SourceError> {
+    let columns = &table.relation.columns;
+    let key_list = table
+        .key
+        .iter()
+        .map(|i| quote_ident(&columns[*i].name))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut sql = format!(
+        "SELECT {} FROM {}",
+        columns
+            .iter()
+            .map(|c| quote_ident(&c.name))
+            .collect::<Vec<_>>()
+            .join(", "),
+        sql_name(&table.name)
+    );
+    if let Some(after) = after {
+        if after.len() != table.key.len() {
+            return Err(SourceError::Requirement {
+                problem: format!(
+                    "the stored position of {}'s copy has {} key values, but its key now has \
+                     {} columns (the key changed during the copy)",
+                    table.name,
+                    after.len(),
+                    table.key.len()
+                ),
+                fix: format!("backfill {} again from the start", table.name),
+            });
+        }
+        let values = after
+            .iter()
+            .map(|v| quote_literal(v))
+            .collect::<Vec<_>>()
+            .join(", ");
+        sql.push_str(&format!(" WHERE ({key_list}) > ({values})"));
+    }
+    sql.push_str(&format!(" ORDER BY {key_list} LIMIT {limit}"));
+    let messages = client.simple_query(&sql).await.map_err(|e| {
+        match e.as_db_error().map(|d| d.code().code()) {
+            Some("42P01") => SourceError::Requirement {
+                problem: format!("table {} was dropped during its copy", table.name),
+                fix: format!(
+                    "re-create {} and backfill it, or remove it from the pipeline's tables",
+                    table.name
+                ),
+            },
+            Some("42501") => SourceError::Requirement {
+                problem: format!("the source role may no longer read {}", table.name),
+                fix: format!(
+                    "GRANT SELECT ON {} TO the role in source.url, then backfill it",
+                    sql_name(&table.name)
+                ),
+            },
+            _ => SourceError::Sql(e),
+        }
+    })?;
+    let mut chunk = ChunkRows::default();
+    let mut last = None;
+    for message in messages {
+        let SimpleQueryMessage::Row(row) = message else {
+            continue;
+        };
+        let mut values = Vec::with_capacity(columns.len());
+        for (i, column) in columns.iter().enumerate() {
+            match row.get(i) {
+                Some(text) => {
+                    chunk.bytes += text.len();
+                    values.push(values::parse(&column.kind, text.as_bytes()));
+                }
+                None => values.push(Value::Null),
+            }
+        }
+        last = Some(row);
+        chunk.rows.push(values);
+    }
+    if let Some(row) = last {
+        let key = table
+            .key
+            .iter()
+            .map(|i| row.get(*i).map(str::to_owned))
+            .collect::<Option<Vec<String>>>()
+            .ok_or_else(|| SourceError::Requirement {
+                problem: format!("a key column of {} holds NULL", table.name),
+                fix: "make the key columns NOT NULL, or give the table a primary key".into(),
+            })?;
+        chunk.last_key = Some(key);
+    }
+    Ok(chunk)
+}
+
+/// Writes a watermark: a transactional logical message of its own
+/// transaction, so that it is decoded at its commit's place in the stream.
+pub(crate) async fn emit_watermark(client: &Client, content: &str) -> Result<(), SourceError> {
+    client
+        .execute(
+            "SELECT pg_logical_emit_message(true, $1, $2)",
+            &[&WATERMARK_PREFIX, &content],
+        )
+        .await
+        .map_err(SourceError::Sql)?;
+    Ok(())
+}
+
+/// Adds `table` to `publication` (when Datum created it and a backfill
+/// names a table it does not publish yet).
+pub(crate) async fn publish(
+    client: &Client,
+    publication: &str,
+    table: &str,
+) -> Result<(), SourceError> {
+    client
+        .batch_execute(&format!(
+            "ALTER PUBLICATION {} ADD TABLE {}",
+            quote_ident(publication),
+            sql_name(table)
+        ))
+        .await
+        .map_err(|e| SourceError::Requirement {
+            problem: format!(
+                "cannot add {table} to publication {publication}: {}",
+                pg::error_chain(&e)
+            ),
+            fix: format!(
+                "add it yourself (ALTER PUBLICATION {} ADD TABLE {}) as the publication's owner",
+                quote_ident(publication),
+                sql_name(table)
+            ),
+        })
+}
