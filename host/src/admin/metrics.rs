@@ -2,6 +2,8 @@
 //! (version 0.0.4), written by hand — a few dozen lines are less than a
 //! dependency. docs/admin.md lists the metrics.
 
+use crate::checkpoint::TableState;
+use crate::daemon::snapshot;
 use std::fmt::Write;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -105,6 +107,51 @@ pub(crate) fn render(pipelines: &[Arc<PipelineControl>], store: &Store) -> Strin
                 0.0
             },
         );
+    }
+
+    let snapshots: Vec<(&str, Vec<snapshot::TableRows>)> = pipelines
+        .iter()
+        .map(|p| {
+            let live = p.handles().map(|h| h.snapshots);
+            (
+                p.name.as_str(),
+                snapshot::tables(&p.name, live.as_deref(), store),
+            )
+        })
+        .collect();
+    f.header(
+        "datum_snapshot_rows",
+        "gauge",
+        "Rows of a table copied by its snapshot or backfill.",
+    );
+    for (pipeline, tables) in &snapshots {
+        for t in tables {
+            f.sample(
+                "datum_snapshot_rows",
+                &[("pipeline", pipeline), ("table", &t.table)],
+                t.rows as f64,
+            );
+        }
+    }
+    f.header(
+        "datum_snapshot_tables",
+        "gauge",
+        "Tables by snapshot state (pending, copying, done, failed).",
+    );
+    for (pipeline, tables) in &snapshots {
+        for state in [
+            TableState::Pending,
+            TableState::Copying,
+            TableState::Done,
+            TableState::Failed,
+        ] {
+            let n = tables.iter().filter(|t| t.state == state).count();
+            f.sample(
+                "datum_snapshot_tables",
+                &[("pipeline", pipeline), ("state", state.name())],
+                n as f64,
+            );
+        }
     }
 
     f.header(

@@ -487,6 +487,7 @@ fn router(app: Arc<App>, max_upload: usize) -> Router {
         .route("/v1/pipelines/{pipeline}", get(pipeline_status))
         .route("/v1/pipelines/{pipeline}/pause", post(pause))
         .route("/v1/pipelines/{pipeline}/resume", post(resume))
+        .route("/v1/pipelines/{pipeline}/backfill", post(backfill))
         .route("/v1/pipelines/{pipeline}/modules", get(list_modules))
         .route(
             "/v1/pipelines/{pipeline}/modules/{module}",
@@ -789,6 +790,63 @@ async fn pipeline_status(
 ) -> Result<Response, ApiError> {
     let control = app.pipeline(&pipeline)?;
     ok(status(control, &app.host.store))
+}
+
+/// The body of a backfill request.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BackfillBody {
+    tables: Vec<String>,
+    #[serde(default)]
+    from: Option<Vec<String>>,
+}
+
+/// Copies tables on the running pipeline: new ones (added to the
+/// publication when Datum manages it), or again, optionally from a key on.
+async fn backfill(
+    State(app): State<Arc<App>>,
+    Path(pipeline): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let control = app.pipeline(&pipeline)?.clone();
+    let request: BackfillBody = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::bad_request(format!(
+            "the body: {e} (send {{\"tables\": [\"schema.table\", ...]}}, with \"from\": \
+             [key values as text] to copy one table from a key on)"
+        ))
+    })?;
+    let Some(handles) = control.handles() else {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "conflict",
+            format!(
+                "pipeline `{pipeline}` is {}: backfills start on a running pipeline",
+                control.state().as_str()
+            ),
+        ));
+    };
+    // In a task of its own: a timed-out request does not cancel it.
+    let accepted = tokio::spawn(async move {
+        handles
+            .snapshots
+            .backfill(request.tables, request.from)
+            .await
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))?;
+    use crate::daemon::snapshot::BackfillError;
+    let tables = accepted.map_err(|e| match e {
+        BackfillError::Invalid(m) => ApiError::bad_request(m),
+        BackfillError::Conflict(m) => ApiError::new(StatusCode::CONFLICT, "conflict", m),
+        BackfillError::Unavailable(m) => {
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", m)
+        }
+    })?;
+    tracing::info!(pipeline = %pipeline, tables = ?tables, "backfill requested over the admin API");
+    Ok(reply(
+        StatusCode::ACCEPTED,
+        &json!({"pipeline": pipeline, "tables": tables}),
+    ))
 }
 
 async fn pause(

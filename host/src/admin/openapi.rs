@@ -31,6 +31,8 @@ pub enum Body {
     Upload,
     /// Optional JSON `{"version": N}`.
     Rollback,
+    /// JSON `{"tables": [...], "from": [...]}`.
+    Backfill,
 }
 
 const fn route(
@@ -109,6 +111,14 @@ pub const ROUTES: &[Route] = &[
         true,
         200,
         Body::None,
+    ),
+    route(
+        "post",
+        "/v1/pipelines/{pipeline}/backfill",
+        "Copy tables' existing rows on the running pipeline: new tables (published first when Datum manages the publication), or again, optionally from a key on",
+        true,
+        202,
+        Body::Backfill,
     ),
     route(
         "get",
@@ -233,6 +243,19 @@ fn operation(r: &Route) -> Json {
                 error_response("The stored version no longer loads"),
             );
         }
+        Body::Backfill => {
+            responses.insert(
+                "400".into(),
+                error_response(
+                    "No such table, no key to copy along, or a `from` that does not fit the key",
+                ),
+            );
+            responses.insert(
+                "409".into(),
+                error_response("The table is being copied already, is not published, or the pipeline is not running"),
+            );
+            responses.insert("503".into(), error_response("The source cannot be reached"));
+        }
         Body::None => {}
     }
     if r.path.ends_with("/replay") {
@@ -280,6 +303,19 @@ fn operation(r: &Route) -> Json {
                     }
                 }}
             }
+        });
+    }
+    if r.body == Body::Backfill {
+        op["requestBody"] = json!({
+            "required": true,
+            "content": {"application/json": {"schema": {
+                "type": "object",
+                "required": ["tables"],
+                "properties": {
+                    "tables": {"type": "array", "items": {"type": "string"}, "description": "schema.table, or a table in public"},
+                    "from": {"type": "array", "items": {"type": "string"}, "description": "copy from after this key (one text value per key column); one table only"}
+                }
+            }}}
         });
     }
     if r.body == Body::Rollback {

@@ -107,6 +107,15 @@ pub enum Request {
         /// The pipeline.
         pipeline: String,
     },
+    /// `backfill PIPELINE TABLE... [--from KEY...]`.
+    Backfill {
+        /// The pipeline.
+        pipeline: String,
+        /// The tables.
+        tables: Vec<String>,
+        /// Copy only rows after this key.
+        from: Option<Vec<String>>,
+    },
     /// `versions PIPELINE [MODULE]`: a module's versions, or every module's.
     Versions {
         /// The pipeline.
@@ -434,6 +443,20 @@ fn prepare(request: &Request) -> Result<Call, ClientError> {
         } => get(pipeline_path(pipeline)?),
         Request::Pause { pipeline } => post(format!("{}/pause", pipeline_path(pipeline)?), None),
         Request::Resume { pipeline } => post(format!("{}/resume", pipeline_path(pipeline)?), None),
+        Request::Backfill {
+            pipeline,
+            tables,
+            from,
+        } => {
+            let mut body = serde_json::json!({ "tables": tables });
+            if let Some(from) = from {
+                body["from"] = serde_json::json!(from);
+            }
+            post(
+                format!("{}/backfill", pipeline_path(pipeline)?),
+                Some(("application/json".to_owned(), body.to_string().into_bytes())),
+            )
+        }
         Request::Versions { pipeline, module } => match module {
             None => get(format!("{}/modules", pipeline_path(pipeline)?)),
             Some(module) => get(module_path(pipeline, module)?),
@@ -870,6 +893,18 @@ pub(crate) fn render(request: &Request, body: &str) -> String {
         Request::Status { .. } | Request::Pause { .. } | Request::Resume { .. } => {
             render_status(answer)
         }
+        Request::Backfill { pipeline, .. } => format!(
+            "backfill of {} started; follow it with `datum admin status {pipeline}`\n",
+            answer
+                .get("tables")
+                .and_then(Value::as_array)
+                .map(|t| t
+                    .iter()
+                    .map(|t| field(t, &[]))
+                    .collect::<Vec<_>>()
+                    .join(", "))
+                .unwrap_or_default()
+        ),
         Request::Versions { .. } => match answer.get("modules").and_then(Value::as_array) {
             Some(modules) if modules.is_empty() => "no transform\n".to_owned(),
             Some(modules) => modules
@@ -976,13 +1011,25 @@ pub(crate) fn render_status(status: &Value) -> String {
         .map(Vec::as_slice)
         .unwrap_or_default()
     {
-        let _ = writeln!(
-            out,
+        let mut line = format!(
             "  snapshot  {}: {}, {} rows",
             field(snapshot, &["table"]),
             field(snapshot, &["state"]),
             field(snapshot, &["rows"])
         );
+        if let Some(estimate) = snapshot.get("estimated_rows").and_then(Value::as_u64) {
+            let _ = write!(line, " of ~{estimate}");
+        }
+        if let Some(rate) = snapshot.get("rows_per_second").and_then(Value::as_f64) {
+            let _ = write!(line, ", {rate:.0} rows/s");
+        }
+        if let Some(eta) = snapshot.get("eta_seconds").and_then(Value::as_f64) {
+            let _ = write!(line, ", ~{eta:.0} s left");
+        }
+        if let Some(error) = snapshot.get("error").and_then(Value::as_str) {
+            let _ = write!(line, ": {}", one_line(error));
+        }
+        let _ = writeln!(out, "{line}");
     }
     if let Some(error) = status.get("last_error").filter(|e| !e.is_null()) {
         let at = error

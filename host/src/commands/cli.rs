@@ -183,6 +183,20 @@ pub enum AdminCommand {
         /// The pipeline.
         pipeline: String,
     },
+    /// Copy tables' existing rows on the running pipeline: a table not yet
+    /// streamed (added to the publication when Datum created it), or one
+    /// copied again. Follow it with `datum admin status PIPELINE`.
+    Backfill {
+        /// The pipeline.
+        pipeline: String,
+        /// The tables (`schema.table`, or a table in `public`).
+        #[arg(required = true)]
+        tables: Vec<String>,
+        /// Copy only rows after this key (one value per key column, in the
+        /// key's order); one table only.
+        #[arg(long, num_args = 1..)]
+        from: Option<Vec<String>>,
+    },
     /// A transform's stored versions (`*` marks the active one) and its
     /// activations; every transform's without MODULE.
     Versions {
@@ -262,6 +276,15 @@ impl AdminCommand {
             AdminCommand::Status { pipeline } => Request::Status { pipeline },
             AdminCommand::Pause { pipeline } => Request::Pause { pipeline },
             AdminCommand::Resume { pipeline } => Request::Resume { pipeline },
+            AdminCommand::Backfill {
+                pipeline,
+                tables,
+                from,
+            } => Request::Backfill {
+                pipeline,
+                tables,
+                from,
+            },
             AdminCommand::Versions { pipeline, module } => Request::Versions { pipeline, module },
             AdminCommand::Swap {
                 pipeline,

@@ -468,13 +468,11 @@ impl Stages {
             ),
         );
         let transformer = spawn_transforms(
-            name,
+            config,
             chain,
             offset.end_lsn,
             source_rx,
             staged_tx,
-            limits,
-            &config.stats,
             &snapshots,
         );
         let copier = tokio::spawn(snapshot::run(
@@ -982,15 +980,14 @@ fn payload_message(payload: &(dyn std::any::Any + Send)) -> String {
 /// The transform stage: a thread that runs the chain on each batch, and
 /// adopts a newly published module version between transactions.
 fn spawn_transforms(
-    name: &str,
+    config: &PipelineConfig,
     active: &Arc<ActiveChain>,
     resume_after: crate::event::Lsn,
     mut input: channel::Receiver<Batch>,
     output: channel::Sender<Staged>,
-    limits: crate::event::BatchLimits,
-    counters: &Arc<PipelineStats>,
     snapshots: &Arc<Snapshots>,
 ) -> std::thread::JoinHandle<()> {
+    let (name, limits, counters) = (&config.name, config.source.limits, &config.stats);
     let active = active.clone();
     let snapshots = snapshots.clone();
     let counters = counters.clone();

@@ -22,14 +22,14 @@
 //! whether or not a copy is running, and a table that is done is simply no
 //! longer watched.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use datum_guest::Value;
 use serde_json::{Value as Json, json};
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::checkpoint::{ALL_TABLES, SnapshotProgress, Store, TableState, now_micros};
 use crate::config::SnapshotMode;
@@ -70,6 +70,31 @@ pub struct Snapshots {
     nonce: u64,
     next_id: AtomicU64,
     inner: Mutex<Inner>,
+    requests: mpsc::Sender<Backfill>,
+    /// Taken by `run`.
+    requests_rx: Mutex<Option<mpsc::Receiver<Backfill>>>,
+}
+
+/// A backfill asked for on a running pipeline (the admin API).
+#[derive(Debug)]
+struct Backfill {
+    tables: Vec<String>,
+    from: Option<Vec<String>>,
+    reply: oneshot::Sender<Result<Vec<String>, BackfillError>>,
+}
+
+/// Why a backfill was not started.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BackfillError {
+    /// The request names something that cannot be copied.
+    #[error("{0}")]
+    Invalid(String),
+    /// The table is being copied already, or cannot be published.
+    #[error("{0}")]
+    Conflict(String),
+    /// The pipeline is not streaming, or the source cannot be reached.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 #[derive(Debug, Default)]
@@ -148,12 +173,36 @@ struct Mark {
 impl Snapshots {
     pub(crate) fn new(pipeline: &str) -> Arc<Snapshots> {
         let nonce = (now_micros() as u64) ^ (u64::from(std::process::id()) << 40);
+        let (requests, requests_rx) = mpsc::channel(16);
         Arc::new(Snapshots {
             pipeline: pipeline.to_owned(),
             nonce,
             next_id: AtomicU64::new(1),
             inner: Mutex::new(Inner::default()),
+            requests,
+            requests_rx: Mutex::new(Some(requests_rx)),
         })
+    }
+
+    /// Copies `tables` (again), from the first row or from after the key
+    /// `from` (one table only), on the running pipeline. Returns the tables
+    /// as `schema.table` once each is recorded as pending.
+    pub(crate) async fn backfill(
+        &self,
+        tables: Vec<String>,
+        from: Option<Vec<String>>,
+    ) -> Result<Vec<String>, BackfillError> {
+        let (reply, answer) = oneshot::channel();
+        let gone = || BackfillError::Unavailable("the pipeline is not streaming".into());
+        self.requests
+            .send(Backfill {
+                tables,
+                from,
+                reply,
+            })
+            .await
+            .map_err(|_| gone())?;
+        answer.await.map_err(|_| gone())?
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -212,6 +261,21 @@ impl Snapshots {
 
     fn abandon(&self, id: u64) {
         self.lock().chunks.remove(&id);
+    }
+
+    /// Starts showing `progress`'s table as this run copies it.
+    fn watch(&self, progress: &SnapshotProgress) {
+        self.lock().live.insert(
+            progress.table.clone(),
+            Live {
+                state: progress.state,
+                placed: None,
+                rows_this_run: 0,
+                estimate: 0,
+                started: Instant::now(),
+                error: None,
+            },
+        );
     }
 
     fn set_live(&self, table: &str, update: impl FnOnce(&mut Live)) {
@@ -398,14 +462,22 @@ fn place(inner: &mut Inner, chunk: Chunk, lsn: Lsn, out: &mut Vec<Change>) -> us
 
 /// Runs the pipeline's copies: turns the request for every table into one
 /// per table, then copies the tables still pending or copying, at most
-/// `parallel_tables` at once. A table that fails is stored as failed, with
-/// the error; the others go on.
+/// `parallel_tables` at once, and takes backfills asked for meanwhile. A
+/// table that fails is stored as failed, with the error; the others go on.
 pub(crate) async fn run(
     snapshots: Arc<Snapshots>,
     source: SourceConfig,
     store: Arc<Store>,
     policy: SnapshotPolicy,
 ) {
+    let Some(mut requests) = snapshots
+        .requests_rx
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+    else {
+        return;
+    };
     let name = snapshots.pipeline.clone();
     let mut backoff = Backoff::new(source.reconnect_initial, source.reconnect_max);
     let todo = loop {
@@ -418,31 +490,20 @@ pub(crate) async fn run(
             }
         }
     };
-    if todo.is_empty() {
-        return;
+    if !todo.is_empty() {
+        tracing::info!(pipeline = %name, tables = todo.len(), parallel = policy.parallel_tables, "snapshot: copying tables");
     }
-    {
-        let mut inner = snapshots.lock();
-        for progress in &todo {
-            inner.live.insert(
-                progress.table.clone(),
-                Live {
-                    state: progress.state,
-                    placed: None,
-                    rows_this_run: 0,
-                    estimate: 0,
-                    started: Instant::now(),
-                    error: None,
-                },
-            );
-        }
+    let mut queue: VecDeque<SnapshotProgress> = VecDeque::new();
+    for progress in todo {
+        snapshots.watch(&progress);
+        queue.push_back(progress);
     }
-    tracing::info!(pipeline = %name, tables = todo.len(), parallel = policy.parallel_tables, "snapshot: copying tables");
-    let mut queue = todo.into_iter();
     let mut running = tokio::task::JoinSet::new();
     loop {
         while running.len() < policy.parallel_tables.max(1) {
-            let Some(progress) = queue.next() else { break };
+            let Some(progress) = queue.pop_front() else {
+                break;
+            };
             running.spawn(copy_table(
                 snapshots.clone(),
                 source.clone(),
@@ -450,26 +511,121 @@ pub(crate) async fn run(
                 progress,
             ));
         }
-        let Some(done) = running.join_next().await else {
-            return;
-        };
-        let Ok((mut progress, result)) = done else {
-            continue;
-        };
-        if let Err(err) = result {
-            tracing::error!(pipeline = %name, table = %progress.table, error = %err, "snapshot of the table failed; the others go on");
-            progress.state = TableState::Failed;
-            progress.error = Some(err.to_string());
-            progress.updated_at = now_micros();
-            snapshots.set_live(&progress.table, |live| {
-                live.state = TableState::Failed;
-                live.error = Some(err.to_string());
-            });
-            if let Err(err) = store.put_snapshot_progress(&name, &[progress]) {
-                tracing::error!(pipeline = %name, error = %err, "cannot record the failed snapshot");
+        tokio::select! {
+            Some(done) = running.join_next(), if !running.is_empty() => {
+                if let Ok((progress, Err(err))) = done {
+                    fail(&snapshots, &store, progress, &err);
+                }
+            }
+            request = requests.recv() => {
+                let Some(request) = request else { return };
+                let answer = accept(&snapshots, &source, &store, &request).await;
+                if let Ok(accepted) = &answer {
+                    for progress in accepted {
+                        snapshots.watch(progress);
+                        queue.push_back(progress.clone());
+                    }
+                }
+                let _ = request
+                    .reply
+                    .send(answer.map(|a| a.into_iter().map(|p| p.table).collect()));
             }
         }
     }
+}
+
+/// A table's copy stopped for good: stored as failed, with the error.
+fn fail(snapshots: &Snapshots, store: &Store, mut progress: SnapshotProgress, err: &SourceError) {
+    let name = &snapshots.pipeline;
+    tracing::error!(pipeline = %name, table = %progress.table, error = %err, "snapshot of the table failed; the others go on");
+    progress.state = TableState::Failed;
+    progress.error = Some(err.to_string());
+    progress.updated_at = now_micros();
+    snapshots.set_live(&progress.table, |live| {
+        live.state = TableState::Failed;
+        live.error = Some(err.to_string());
+    });
+    if let Err(err) = store.put_snapshot_progress(name, &[progress]) {
+        tracing::error!(pipeline = %name, error = %err, "cannot record the failed snapshot");
+    }
+}
+
+/// Checks a backfill and records its tables as pending: each must exist,
+/// have a key to walk along, not be copying already, and be published
+/// (Datum adds it to the publication when the configuration lists the
+/// tables, that is when Datum manages the publication).
+async fn accept(
+    snapshots: &Snapshots,
+    source: &SourceConfig,
+    store: &Store,
+    request: &Backfill,
+) -> Result<Vec<SnapshotProgress>, BackfillError> {
+    if request.tables.is_empty() {
+        return Err(BackfillError::Invalid("name at least one table".into()));
+    }
+    if request.from.is_some() && request.tables.len() != 1 {
+        return Err(BackfillError::Invalid(
+            "`from` is a key of one table: name exactly one table with it".into(),
+        ));
+    }
+    let unavailable = |e: SourceError| BackfillError::Unavailable(format!("the source: {e}"));
+    let client = reader::connect(&source.conninfo)
+        .await
+        .map_err(unavailable)?;
+    let published = reader::publication_tables(&client, &source.publication)
+        .await
+        .map_err(unavailable)?;
+    let mut accepted = Vec::new();
+    for name in &request.tables {
+        let table = reader::resolve_table(&client, name)
+            .await
+            .map_err(|e| BackfillError::Invalid(e.to_string()))?;
+        if let Some(live) = snapshots.live(&table)
+            && matches!(live.state, TableState::Pending | TableState::Copying)
+        {
+            return Err(BackfillError::Conflict(format!(
+                "{table} is being copied already ({} rows so far); backfill it again once it is done",
+                live.placed.map_or(0, |p| p.rows)
+            )));
+        }
+        let described = reader::describe(&client, &table)
+            .await
+            .map_err(|e| BackfillError::Invalid(e.to_string()))?;
+        if let Some(from) = &request.from
+            && from.len() != described.key.len()
+        {
+            return Err(BackfillError::Invalid(format!(
+                "`from` has {} values, but the key of {table} has {} columns ({})",
+                from.len(),
+                described.key.len(),
+                described
+                    .key
+                    .iter()
+                    .map(|i| described.relation.columns[*i].name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        if !published.contains(&table) {
+            if source.tables.is_empty() {
+                return Err(BackfillError::Conflict(format!(
+                    "{table} is not in publication {}, which Datum did not create: add it \
+                     (ALTER PUBLICATION ... ADD TABLE {table}), then backfill again",
+                    source.publication
+                )));
+            }
+            reader::publish(&client, &source.publication, &table)
+                .await
+                .map_err(|e| BackfillError::Conflict(e.to_string()))?;
+            tracing::info!(pipeline = %snapshots.pipeline, table = %table, publication = %source.publication, "backfill: added the table to the publication");
+        }
+        accepted.push(SnapshotProgress::pending(&table, request.from.clone()));
+    }
+    store
+        .put_snapshot_progress(&snapshots.pipeline, &accepted)
+        .map_err(|e| BackfillError::Unavailable(format!("the state file: {e}")))?;
+    tracing::info!(pipeline = %snapshots.pipeline, tables = ?accepted.iter().map(|p| &p.table).collect::<Vec<_>>(), from = ?request.from, "backfill requested");
+    Ok(accepted)
 }
 
 /// The tables to copy: the request for every table becomes one pending
@@ -603,6 +759,37 @@ async fn copy_chunks(
             return Ok(());
         }
     }
+}
+
+/// Each table's snapshot state and rows copied, for the metrics: durable
+/// progress, or this run's when it has placed a chunk since.
+pub(crate) fn tables(pipeline: &str, live: Option<&Snapshots>, store: &Store) -> Vec<TableRows> {
+    store
+        .snapshot_progress(pipeline)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|stored| {
+            let live = live.and_then(|s| s.live(&stored.table));
+            let rows = live
+                .as_ref()
+                .and_then(|l| l.placed.as_ref())
+                .map_or(stored.rows, |p| p.rows);
+            let state = live.map_or(stored.state, |l| l.state);
+            TableRows {
+                table: stored.table,
+                state,
+                rows,
+            }
+        })
+        .collect()
+}
+
+/// A table's snapshot state and rows copied.
+#[derive(Debug, Clone)]
+pub(crate) struct TableRows {
+    pub table: String,
+    pub state: TableState,
+    pub rows: u64,
 }
 
 /// A table's snapshot in the status endpoint: its durable progress, with

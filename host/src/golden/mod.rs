@@ -837,7 +837,7 @@ mod tests {
             ]}"#,
         );
         let items = source_items(&b);
-        assert_eq!(items.source.changes.len(), 5);
+        assert_eq!(items.source.changes.len(), 6);
         assert!(matches!(
             items.items.as_slice(),
             [
@@ -846,10 +846,11 @@ mod tests {
                 Item::Source(2),
                 Item::Source(3),
                 Item::Source(4),
-                Item::Wire(_),
+                Item::Source(5),
                 Item::Wire(_)
             ]
         ));
+        assert!(matches!(&items.source.changes[5], Change::Snapshot { .. }));
         // Whatever path each took, the module sees the fixture's changes.
         let seen: Vec<WireChange> = items.changes().map(|c| c.to_wire()).collect();
         assert_eq!(seen, b.changes);

@@ -163,6 +163,8 @@ source.url = {url}
 source.tables = ["public.t"]
 sink = {{ type = "file", path = "out.jsonl" }}
 on_error = "dead_letter"
+# These tests count changes from an empty table: no copy of existing rows.
+snapshot.mode = "never"
 {transforms}
 "#,
         url = toml_string(&pg.conninfo("postgres")),

@@ -430,7 +430,7 @@ async fn sigterm_with_a_stuck_module_exits_within_drain_timeout() {
     let spinner = dir.join("spinner.wasm");
     std::fs::write(&spinner, wat::parse_str(SPINNER).expect("WAT")).expect("write");
     let extra = format!(
-        "drain_timeout = \"1s\"\n[[pipeline.transforms]]\nmodule = {}\nlimits = {{ timeout = \"120s\" }}\n",
+        "drain_timeout = \"1s\"\nsnapshot.mode = \"never\"\n[[pipeline.transforms]]\nmodule = {}\nlimits = {{ timeout = \"120s\" }}\n",
         toml_string(spinner.to_str().expect("utf-8"))
     );
     let host = Host::start(

@@ -182,7 +182,7 @@ fn apply(lines: &[Json]) -> BTreeMap<String, BTreeMap<i64, Json>> {
             line["table"].as_str().unwrap_or("")
         );
         match line["op"].as_str() {
-            Some("insert") | Some("update") => {
+            Some("insert") | Some("update") | Some("snapshot") => {
                 let new = line["new"].clone();
                 if let Some(old_id) = line["old"]["id"].as_i64() {
                     tables.entry(table.clone()).or_default().remove(&old_id);

@@ -252,3 +252,373 @@ async fn a_table_copied_while_a_writer_changes_it_ends_equal_to_the_source() {
     let count = wait_equal(&src, &dst, "SELECT * FROM t ORDER BY id", &host, 120).await;
     assert!(count as u64 > ROWS / 2, "{count} rows compared");
 }
+
+/// Creates databases `src` and `dst` in a new cluster; clients to both.
+async fn two_databases(
+    pg: &datum_tests::Cluster,
+) -> (tokio_postgres::Client, tokio_postgres::Client) {
+    let admin = connect(&pg.conninfo("postgres")).await;
+    for db in ["src", "dst"] {
+        admin
+            .batch_execute(&format!("CREATE DATABASE {db}"))
+            .await
+            .expect("database");
+    }
+    (
+        connect(&pg.conninfo("src")).await,
+        connect(&pg.conninfo("dst")).await,
+    )
+}
+
+/// Keys of every kind walk in chunks and arrive exactly: composite, text
+/// (ordered by collation, compared by equality only), uuid, numeric, a
+/// unique NOT NULL index instead of a primary key; an empty table; TOASTed
+/// values. A table with no usable key fails with an error that names it and
+/// says what to add, and the others are not held back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_of_every_kind_are_copied_exactly_and_a_keyless_table_is_refused() {
+    let pg = cluster();
+    let (src, dst) = two_databases(&pg).await;
+    let schema = [
+        "CREATE TABLE composite (region text, n int, v text, PRIMARY KEY (region, n))",
+        "CREATE TABLE texts (k text PRIMARY KEY, v int)",
+        "CREATE TABLE uuids (id uuid PRIMARY KEY, v int)",
+        "CREATE TABLE numerics (id numeric PRIMARY KEY, v text)",
+        "CREATE TABLE uniq (code text NOT NULL, v int)",
+        "CREATE UNIQUE INDEX uniq_code ON uniq (code)",
+        "CREATE TABLE empty (id int PRIMARY KEY)",
+        "CREATE TABLE toasted (id int PRIMARY KEY, big text)",
+        "ALTER TABLE toasted ALTER COLUMN big SET STORAGE EXTERNAL",
+    ];
+    for sql in schema {
+        src.batch_execute(sql).await.expect("source schema");
+        dst.batch_execute(sql).await.expect("target schema");
+    }
+    src.batch_execute(
+        "ALTER TABLE uniq REPLICA IDENTITY USING INDEX uniq_code;
+         CREATE TABLE keyless (v int);
+         ALTER TABLE keyless REPLICA IDENTITY FULL;
+         INSERT INTO composite SELECT r, n, r || n FROM unnest(ARRAY['eu', 'us', 'ap', 'EU']) r,
+             generate_series(1, 7) n;
+         INSERT INTO texts VALUES ('a', 1), ('B', 2), ('é', 3), ('Z', 4), ('a b', 5), ('', 6),
+             ('ä', 7), ('A', 8), ('b', 9), ('aa', 10), ('''quoted''', 11);
+         INSERT INTO uuids SELECT md5(g::text)::uuid, g FROM generate_series(1, 25) g;
+         INSERT INTO numerics SELECT g / 7.0, g::text FROM generate_series(-10, 10) g;
+         INSERT INTO numerics VALUES (1e20, 'big'), (-0.000001, 'small');
+         INSERT INTO uniq SELECT 'c' || g, g FROM generate_series(1, 12) g;
+         INSERT INTO toasted SELECT g, repeat(md5(g::text), 300) FROM generate_series(1, 9) g;
+         INSERT INTO keyless SELECT generate_series(1, 5);",
+    )
+    .await
+    .expect("rows");
+    let tables = [
+        "public.composite",
+        "public.texts",
+        "public.uuids",
+        "public.numerics",
+        "public.uniq",
+        "public.empty",
+        "public.toasted",
+        "public.keyless",
+    ];
+    let dir = temp_dir("snapshot-keys");
+    let port = free_port();
+    let host = Host::start(
+        &dir,
+        &config(
+            &pg.conninfo("src"),
+            &pg.conninfo("dst"),
+            &dir,
+            port,
+            &tables,
+            "[pipeline.snapshot]\nchunk_size = 4\nparallel_tables = 3\n",
+        ),
+    );
+    let entries = wait_done(port, &host, &tables[..7], 120).await;
+    for (table, query) in [
+        ("composite", "SELECT * FROM composite ORDER BY region, n"),
+        ("texts", "SELECT * FROM texts ORDER BY k"),
+        ("uuids", "SELECT * FROM uuids ORDER BY id"),
+        ("numerics", "SELECT * FROM numerics ORDER BY id"),
+        ("uniq", "SELECT * FROM uniq ORDER BY code"),
+        ("empty", "SELECT * FROM empty"),
+        (
+            "toasted",
+            "SELECT id, md5(big), length(big) FROM toasted ORDER BY id",
+        ),
+    ] {
+        let n = wait_equal(&src, &dst, query, &host, 60).await;
+        let entry = entries
+            .iter()
+            .find(|e| e["table"] == format!("public.{table}"))
+            .expect("an entry");
+        assert_eq!(entry["rows"].as_u64(), Some(n as u64), "{table}: {entry}");
+    }
+    // Several chunks each: the keyset walk crossed chunk boundaries.
+    let chunks = |table: &str| {
+        entries
+            .iter()
+            .find(|e| e["table"] == table)
+            .and_then(|e| e["chunks"].as_u64())
+            .unwrap_or(0)
+    };
+    assert!(chunks("public.composite") >= 7, "{entries:?}");
+    assert!(chunks("public.texts") >= 3, "{entries:?}");
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let keyless = loop {
+        let entries = snapshots(port).await;
+        if let Some(e) = entries
+            .iter()
+            .find(|e| e["table"] == "public.keyless" && e["state"] == "failed")
+        {
+            break e.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "keyless not refused: {entries:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let error = keyless["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("public.keyless") && error.contains("PRIMARY KEY"),
+        "the error names the table and what to add: {error}"
+    );
+    // Live changes of the copied tables keep flowing.
+    src.batch_execute("INSERT INTO texts VALUES ('after', 99); DELETE FROM uuids WHERE v = 3")
+        .await
+        .expect("live changes");
+    wait_equal(&src, &dst, "SELECT * FROM texts ORDER BY k", &host, 30).await;
+    wait_equal(&src, &dst, "SELECT * FROM uuids ORDER BY id", &host, 30).await;
+}
+
+/// kill -9 of the host at random moments during a copy, ten times, then a
+/// run to the end: the target equals the source, the copy resumed at its
+/// last checkpointed chunk each time (never from the start), and a table
+/// that was done before the first kill was never copied again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_during_a_copy_resumes_each_table_at_its_last_chunk() {
+    let pg = cluster();
+    let (src, dst) = two_databases(&pg).await;
+    const ROWS: u64 = 300_000;
+    for db in [&src, &dst] {
+        db.batch_execute(
+            "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL, note text);
+             CREATE TABLE small (id int PRIMARY KEY, v text)",
+        )
+        .await
+        .expect("schema");
+    }
+    src.batch_execute(&format!(
+        "INSERT INTO t SELECT g, g % 97, 'row ' || g FROM generate_series(1, {ROWS}) g;
+         INSERT INTO small SELECT g, 'small ' || g FROM generate_series(1, 50) g"
+    ))
+    .await
+    .expect("rows");
+    let dir = temp_dir("snapshot-kill");
+    let port = free_port();
+    let config = config(
+        &pg.conninfo("src"),
+        &pg.conninfo("dst"),
+        &dir,
+        port,
+        &["public.t", "public.small"],
+        "[pipeline.snapshot]\nchunk_size = 1000\n",
+    );
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let writing = tokio::spawn(writer(pg.conninfo("src"), ROWS, stopped));
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let mut small_chunks = None;
+    let mut resumed_at = Vec::new();
+    for round in 0..10 {
+        let host = Host::start(&dir, &config);
+        // Wait for the API, then a random moment of the copy.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while status(port).await.is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: no API\n{}",
+                host.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let entries = snapshots(port).await;
+        if let Some(t) = entries.iter().find(|e| e["table"] == "public.t") {
+            resumed_at.push(t["checkpointed"]["rows"].as_u64().unwrap_or(0));
+        }
+        tokio::time::sleep(Duration::from_millis(300 + rng.below(1200))).await;
+        let entries = snapshots(port).await;
+        if let Some(small) = entries
+            .iter()
+            .find(|e| e["table"] == "public.small" && e["checkpointed"]["state"] == "done")
+        {
+            let chunks = small["checkpointed"]["chunks"].as_u64();
+            match small_chunks {
+                None => small_chunks = chunks,
+                Some(before) => assert_eq!(
+                    chunks,
+                    Some(before),
+                    "round {round}: a completed table was copied again"
+                ),
+            }
+        }
+        drop(host); // SIGKILL
+    }
+    let host = Host::start(&dir, &config);
+    wait_done(port, &host, &["public.t", "public.small"], 240).await;
+    let _ = stop.send(true);
+    writing.await.expect("writer");
+    wait_equal(&src, &dst, "SELECT * FROM t ORDER BY id", &host, 180).await;
+    wait_equal(&src, &dst, "SELECT * FROM small ORDER BY id", &host, 30).await;
+    assert!(
+        resumed_at.windows(2).all(|w| w[0] <= w[1]),
+        "each restart resumed at or after the last: {resumed_at:?}"
+    );
+    assert!(
+        resumed_at.iter().any(|r| *r > 0),
+        "some restart resumed mid-copy, not from the start: {resumed_at:?}"
+    );
+    let small = snapshots(port)
+        .await
+        .into_iter()
+        .find(|e| e["table"] == "public.small")
+        .expect("small");
+    if let Some(before) = small_chunks {
+        assert_eq!(small["chunks"].as_u64(), Some(before), "{small}");
+    }
+}
+
+async fn post_backfill(port: u16, body: Json) -> (u16, Json) {
+    let response = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{port}/v1/pipelines/p/backfill"))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .expect("the admin API answers");
+    let status = response.status().as_u16();
+    let text = response.text().await.expect("body");
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Json::String(text)),
+    )
+}
+
+/// Backfills on a running pipeline, without a restart: a table it did not
+/// stream is added to the publication and copied, then streams live; a
+/// table is copied again on demand (through `datum admin backfill`); a copy
+/// from a key value onwards copies only the rows after it. Requests that
+/// cannot be honoured say why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backfills_add_a_table_recopy_one_and_copy_from_a_key_on_a_running_pipeline() {
+    let pg = cluster();
+    let (src, dst) = two_databases(&pg).await;
+    for db in [&src, &dst] {
+        db.batch_execute(
+            "CREATE TABLE a (id int PRIMARY KEY, v text);
+             CREATE TABLE b (id int PRIMARY KEY, v text)",
+        )
+        .await
+        .expect("schema");
+    }
+    src.batch_execute(
+        "INSERT INTO a SELECT g, 'a' || g FROM generate_series(1, 100) g;
+         INSERT INTO b SELECT g, 'b' || g FROM generate_series(1, 50) g",
+    )
+    .await
+    .expect("rows");
+    let dir = temp_dir("snapshot-backfill");
+    let port = free_port();
+    let host = Host::start(
+        &dir,
+        &config(
+            &pg.conninfo("src"),
+            &pg.conninfo("dst"),
+            &dir,
+            port,
+            &["public.a"],
+            "[pipeline.snapshot]\nmode = \"never\"\nchunk_size = 7\n",
+        ),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while status(port).await.map(|s| s["state"] == "running") != Some(true) {
+        assert!(Instant::now() < deadline, "not running\n{}", host.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // mode = "never": nothing copied, changes only.
+    src.batch_execute("UPDATE a SET v = 'live' WHERE id = 1")
+        .await
+        .expect("update");
+    wait_equal(&src, &dst, "SELECT * FROM a WHERE id = 1", &host, 30).await;
+    assert_eq!(rows(&dst, "SELECT * FROM a").await.len(), 1);
+
+    // Refusals say why.
+    let (code, body) = post_backfill(port, serde_json::json!({"tables": ["nope"]})).await;
+    assert_eq!(code, 400, "{body}");
+    assert!(body.to_string().contains("nope"), "{body}");
+    let (code, body) = post_backfill(
+        port,
+        serde_json::json!({"tables": ["a", "b"], "from": ["3"]}),
+    )
+    .await;
+    assert_eq!(code, 400, "{body}");
+    let (code, body) = post_backfill(
+        port,
+        serde_json::json!({"tables": ["b"], "from": ["1", "2"]}),
+    )
+    .await;
+    assert_eq!(code, 400, "{body}");
+    assert!(body.to_string().contains("key of public.b"), "{body}");
+
+    // A new table: published, copied, then live.
+    let (code, body) = post_backfill(port, serde_json::json!({"tables": ["b"]})).await;
+    assert_eq!(code, 202, "{body}");
+    assert_eq!(body["tables"], serde_json::json!(["public.b"]));
+    wait_done(port, &host, &["public.b"], 60).await;
+    wait_equal(&src, &dst, "SELECT * FROM b ORDER BY id", &host, 30).await;
+    let published = rows(
+        &src,
+        "SELECT tablename FROM pg_publication_tables WHERE pubname = 'datum_p' ORDER BY 1",
+    )
+    .await;
+    assert_eq!(published, ["a", "b"]);
+    src.batch_execute("INSERT INTO b VALUES (51, 'live'); DELETE FROM b WHERE id = 2")
+        .await
+        .expect("live changes to b");
+    wait_equal(&src, &dst, "SELECT * FROM b ORDER BY id", &host, 30).await;
+
+    // Copy `a` again, through the command line: the target had lost rows.
+    dst.batch_execute("DELETE FROM a").await.expect("diverge");
+    let output = std::process::Command::new(datum_tests::datum_bin())
+        .args(["admin", "--config"])
+        .arg(dir.join("datum.toml"))
+        .args(["backfill", "p", "public.a"])
+        .output()
+        .expect("datum admin backfill");
+    let out = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && out.contains("public.a"),
+        "{out}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    wait_done(port, &host, &["public.a"], 60).await;
+    wait_equal(&src, &dst, "SELECT * FROM a ORDER BY id", &host, 30).await;
+
+    // From a key on: only the rows after it.
+    dst.batch_execute("DELETE FROM b WHERE id > 40")
+        .await
+        .expect("diverge");
+    let (code, body) =
+        post_backfill(port, serde_json::json!({"tables": ["b"], "from": ["40"]})).await;
+    assert_eq!(code, 202, "{body}");
+    let entries = wait_done(port, &host, &["public.b"], 60).await;
+    wait_equal(&src, &dst, "SELECT * FROM b ORDER BY id", &host, 30).await;
+    let b = entries
+        .iter()
+        .find(|e| e["table"] == "public.b")
+        .expect("b");
+    assert_eq!(b["rows"], 11, "ids 41..=51 only: {b}");
+}
