@@ -622,3 +622,96 @@ async fn backfills_add_a_table_recopy_one_and_copy_from_a_key_on_a_running_pipel
         .expect("b");
     assert_eq!(b["rows"], 11, "ids 41..=51 only: {b}");
 }
+
+/// One table never stalls the others: of three tables (1,000, 100,000 and
+/// 3,000,000 rows), the two small ones are done and their live changes
+/// reach the sink, within a second or two of their commit, while the large
+/// one is still copying.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_tables_are_done_and_stream_live_while_a_large_one_is_still_copying() {
+    let pg = cluster();
+    let src = connect(&pg.conninfo("postgres")).await;
+    src.batch_execute(
+        "CREATE TABLE big (id int PRIMARY KEY, v int);
+         CREATE TABLE medium (id int PRIMARY KEY, v int);
+         CREATE TABLE small (id int PRIMARY KEY, v int);
+         INSERT INTO small SELECT g, g FROM generate_series(1, 1000) g;
+         INSERT INTO medium SELECT g, g FROM generate_series(1, 100000) g;
+         INSERT INTO big SELECT g, g FROM generate_series(1, 3000000) g;
+         ANALYZE big",
+    )
+    .await
+    .expect("tables");
+    let dir = temp_dir("snapshot-independent");
+    let port = free_port();
+    let out = dir.join("out.jsonl");
+    let host = Host::start(
+        &dir,
+        &format!(
+            r#"
+state = {state}
+
+[admin]
+listen = "127.0.0.1:{port}"
+token = "{TOKEN}"
+
+[[pipeline]]
+name = "p"
+source.url = {url}
+source.tables = ["public.big", "public.medium", "public.small"]
+sink = {{ type = "file", path = {out} }}
+
+[pipeline.snapshot]
+chunk_size = 5000
+parallel_tables = 2
+"#,
+            state = toml_string(dir.join("state.redb").to_str().expect("utf-8")),
+            url = toml_string(&pg.conninfo("postgres")),
+            out = toml_string(out.to_str().expect("utf-8")),
+        ),
+    );
+    let entries = wait_done(port, &host, &["public.small", "public.medium"], 120).await;
+    let big = entries
+        .iter()
+        .find(|e| e["table"] == "public.big")
+        .expect("big");
+    assert_eq!(big["state"], "copying", "{big}");
+
+    let mut latencies = Vec::new();
+    for (i, table) in ["small", "medium", "small", "medium"].iter().enumerate() {
+        let id = 10_000_000 + i as i64;
+        let committed = Instant::now();
+        src.batch_execute(&format!("INSERT INTO {table} VALUES ({id}, -1)"))
+            .await
+            .expect("live insert");
+        let deadline = committed + Duration::from_secs(30);
+        loop {
+            let text = std::fs::read_to_string(&out).unwrap_or_default();
+            if text.contains(&format!("\"id\":{id},")) {
+                latencies.push(committed.elapsed());
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the live insert into {table} did not arrive\n{}",
+                host.log()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    let entries = snapshots(port).await;
+    let big = entries
+        .iter()
+        .find(|e| e["table"] == "public.big")
+        .expect("big");
+    assert_eq!(
+        big["state"], "copying",
+        "still copying when the small tables' changes arrived: {big}"
+    );
+    eprintln!("live latency while a 3,000,000-row table copies: {latencies:?}");
+    let worst = latencies.iter().max().copied().unwrap_or_default();
+    assert!(
+        worst < Duration::from_secs(5),
+        "live changes of done tables waited {worst:?} behind the large copy"
+    );
+}

@@ -165,6 +165,17 @@ impl Host {
         .await;
     }
 
+    /// Asks the pipeline to copy `tables` (a backfill).
+    pub async fn backfill(&self, pipeline: &str, tables: &[&str]) {
+        self.call(
+            self.http
+                .post(format!("{}/v1/pipelines/{pipeline}/backfill", self.base))
+                .header("content-type", "application/json")
+                .body(serde_json::json!({ "tables": tables }).to_string()),
+        )
+        .await;
+    }
+
     pub async fn status(&self, pipeline: &str) -> Json {
         self.call(
             self.http

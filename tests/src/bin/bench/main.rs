@@ -5,11 +5,12 @@
 //! figure.
 //!
 //! `cargo run --release -p datum-tests --bin bench -- [--quick] [--changes N]
-//! [--reps N] [--only throughput,transforms,checkpoints,hotswap,latency,memory]`
+//! [--reps N] [--only throughput,transforms,checkpoints,hotswap,latency,memory,snapshot]`
 //! (`just bench` builds the release `datum` and the example modules first).
 
 mod host;
 mod latency;
+mod snapshot;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -90,7 +91,7 @@ fn usage(problem: &str) -> ! {
     }
     eprintln!(
         "usage: bench [--quick] [--changes N] [--reps N] \
-         [--only throughput,transforms,checkpoints,hotswap,latency,memory]"
+         [--only throughput,transforms,checkpoints,hotswap,latency,memory,snapshot]"
     );
     std::process::exit(2)
 }
@@ -885,6 +886,10 @@ fn main() {
         }
         if bench.args.runs("memory") {
             bench.memory().await;
+        }
+        if bench.args.runs("snapshot") {
+            let table = snapshot::run(&mut bench).await;
+            bench.tables.push(table);
         }
         let _ = std::fs::remove_dir_all(&dir);
         println!();

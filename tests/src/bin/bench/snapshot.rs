@@ -1,0 +1,119 @@
+//! Snapshot speed: a table's existing rows copied by a backfill through
+//! `identity` into the file sink, until its progress is checkpointed as
+//! done, against `COPY (SELECT ...) TO STDOUT` of the same table on the
+//! same server (the rate at which PostgreSQL hands the rows out at all).
+
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+
+use crate::host::{Host, PipelineDef};
+use crate::{Bench, PUBLICATION, ROW, Table, Transport, grouped, median};
+
+/// Rows copied and how long it took.
+pub async fn run(bench: &mut Bench) -> Table {
+    let rows: u64 = if bench.args.quick { 200_000 } else { 1_000_000 };
+    bench
+        .sql
+        .batch_execute(&format!(
+            "CREATE TABLE snap (id bigint PRIMARY KEY, name text NOT NULL, \
+             email text NOT NULL, balance numeric(12,2) NOT NULL, active boolean NOT NULL);
+             INSERT INTO snap SELECT {ROW} FROM generate_series(1, {rows}) g;
+             ANALYZE snap;
+             ALTER PUBLICATION {PUBLICATION} ADD TABLE snap;"
+        ))
+        .await
+        .expect("creating the snapshot table");
+    let mut copy_times = Vec::new();
+    let mut datum_times = Vec::new();
+    for rep in 0..bench.args.reps {
+        copy_times.push(copy_out(bench).await.as_secs_f64());
+        datum_times.push(backfill(bench, rep, rows).await.as_secs_f64());
+    }
+    let copy = median(copy_times);
+    let datum = median(datum_times);
+    let mut table = Table::new(
+        format!(
+            "Snapshot: {} rows (5 columns) copied by a backfill through identity into the file \
+             sink, until checkpointed as done; baseline COPY (SELECT * FROM snap) TO STDOUT; \
+             medians of {}",
+            grouped(rows as f64),
+            bench.args.reps
+        ),
+        &["what", "seconds", "rows/s", "ratio"],
+    );
+    table.row(vec![
+        "COPY TO STDOUT".into(),
+        format!("{copy:.2}"),
+        grouped(rows as f64 / copy),
+        "1.00×".into(),
+    ]);
+    table.row(vec![
+        "datum backfill".into(),
+        format!("{datum:.2}"),
+        grouped(rows as f64 / datum),
+        format!("{:.2}×", copy / datum),
+    ]);
+    table
+}
+
+/// `COPY (SELECT * FROM snap) TO STDOUT`, every byte read.
+async fn copy_out(bench: &Bench) -> Duration {
+    let started = Instant::now();
+    let stream = bench
+        .sql
+        .copy_out("COPY (SELECT * FROM snap) TO STDOUT")
+        .await
+        .expect("COPY TO STDOUT");
+    let mut stream = std::pin::pin!(stream);
+    let mut bytes = 0usize;
+    while let Some(chunk) = stream.next().await {
+        bytes += chunk.expect("COPY data").len();
+    }
+    assert!(bytes > 0, "COPY returned nothing");
+    started.elapsed()
+}
+
+/// A host streaming the publication (changes only) is asked to backfill
+/// `snap`; the time until its progress is checkpointed as done.
+async fn backfill(bench: &Bench, rep: usize, rows: u64) -> Duration {
+    let slot = format!("snap_{rep}");
+    bench.create_slot(&slot, "pgoutput").await;
+    let name = format!("s_{rep}");
+    let dir = bench.dir.join(format!("snapshot-{rep}"));
+    let host = Host::start(
+        &bench.datum,
+        &dir,
+        PUBLICATION,
+        &[PipelineDef {
+            name: name.clone(),
+            conninfo: bench.conninfo(Transport::Tcp),
+            slot,
+            transforms: bench.transforms(&[("identity", "{}")]),
+            extra: "snapshot.mode = \"never\"\nsnapshot.chunk_size = 10000\n".into(),
+        }],
+    )
+    .await;
+    let started = Instant::now();
+    host.backfill(&name, &["public.snap"]).await;
+    let deadline = started + Duration::from_secs(1800);
+    loop {
+        let status = host.status(&name).await;
+        let done = status["snapshots"].as_array().is_some_and(|s| {
+            s.iter()
+                .any(|t| t["table"] == "public.snap" && t["checkpointed"]["state"] == "done")
+        });
+        if done {
+            let copied = status["snapshots"][0]["rows"].as_u64().unwrap_or(0);
+            assert!(copied >= rows, "copied {copied} of {rows}: {status}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "backfill not done: {status}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let elapsed = started.elapsed();
+    host.stop();
+    bench.drop_slots().await;
+    let _ = std::fs::remove_dir_all(&dir);
+    elapsed
+}
