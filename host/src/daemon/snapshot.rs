@@ -317,8 +317,14 @@ impl Snapshots {
                             }
                             _ => {
                                 if let Some(chunk) = inner.chunks.remove(&mark.chunk) {
-                                    let bytes = place(&mut inner, chunk, end_lsn, &mut out);
-                                    batch.bytes += bytes;
+                                    let oid = chunk.oid;
+                                    match place(&mut inner, chunk, end_lsn, &mut out) {
+                                        Some(bytes) => batch.bytes += bytes,
+                                        // The table's later chunks were read
+                                        // after this one: none may be placed
+                                        // before it is read again.
+                                        None => lose_table(&mut inner, oid),
+                                    }
                                 }
                             }
                         }
@@ -413,9 +419,25 @@ fn key_bytes<'a>(key: impl IntoIterator<Item = &'a Value>) -> Vec<u8> {
     bytes
 }
 
+/// Answers every chunk of table `oid` still waiting as lost.
+fn lose_table(inner: &mut Inner, oid: u32) {
+    let lost: Vec<u64> = inner
+        .chunks
+        .iter()
+        .filter(|(_, c)| c.oid == oid)
+        .map(|(id, _)| *id)
+        .collect();
+    for id in lost {
+        if let Some(answer) = inner.chunks.remove(&id).and_then(|c| c.answer) {
+            let _ = answer.send(Placed::Lost);
+        }
+    }
+}
+
 /// The chunk's high watermark: its rows minus the touched keys go out,
-/// and its progress is noted under `lsn`. Returns the bytes added.
-fn place(inner: &mut Inner, chunk: Chunk, lsn: Lsn, out: &mut Vec<Change>) -> usize {
+/// and its progress is noted under `lsn`. Returns the bytes added; `None`
+/// when the chunk cannot be placed (its low watermark was not seen).
+fn place(inner: &mut Inner, chunk: Chunk, lsn: Lsn, out: &mut Vec<Change>) -> Option<usize> {
     let Chunk {
         open,
         truncated,
@@ -428,13 +450,15 @@ fn place(inner: &mut Inner, chunk: Chunk, lsn: Lsn, out: &mut Vec<Change>) -> us
         if let Some(answer) = answer {
             let _ = answer.send(Placed::Lost);
         }
-        return 0;
+        return None;
     };
     let total = ready.rows.len() as u64;
     let mut emitted = 0u64;
     if !truncated {
         for row in ready.rows {
-            if touched.contains(&key_bytes(ready.key.iter().filter_map(|i| row.get(*i)))) {
+            if !touched.is_empty()
+                && touched.contains(&key_bytes(ready.key.iter().filter_map(|i| row.get(*i))))
+            {
                 continue;
             }
             out.push(Change::Snapshot {
@@ -457,7 +481,7 @@ fn place(inner: &mut Inner, chunk: Chunk, lsn: Lsn, out: &mut Vec<Change>) -> us
             dropped: total - emitted,
         });
     }
-    ready.bytes
+    Some(ready.bytes)
 }
 
 /// Runs the pipeline's copies: turns the request for every table into one
@@ -687,9 +711,15 @@ async fn copy_table(
     }
 }
 
+/// Chunks of one table read ahead of their placing: the next chunk is read
+/// while the previous one travels the stream to its high watermark.
+const CHUNKS_IN_FLIGHT: usize = 2;
+
 /// Chunk after chunk until a short one: low watermark, read, high
-/// watermark, wait until placed. `progress` moves only once a chunk is
-/// placed, so a retry reads the chunk again.
+/// watermark; up to `CHUNKS_IN_FLIGHT` chunks wait to be placed at once.
+/// `progress` moves only once a chunk is placed, in order, so a retry reads
+/// again from the last chunk placed (a chunk placed twice is harmless: its
+/// rows are the same or newer).
 async fn copy_chunks(
     snapshots: &Snapshots,
     source: &SourceConfig,
@@ -699,66 +729,98 @@ async fn copy_chunks(
     let client = reader::connect(&source.conninfo).await?;
     let limit = policy.chunk_rows.max(1);
     let mut last_log = Instant::now();
+    // Where reading has got to (ahead of `progress` by the chunks in flight).
+    let mut read = progress.clone();
+    let mut in_flight: VecDeque<(u64, oneshot::Receiver<Placed>, SnapshotProgress)> =
+        VecDeque::new();
+    let mut estimate = 0;
     loop {
-        let table = reader::describe(&client, &progress.table).await?;
-        snapshots.set_live(&progress.table, |live| live.estimate = table.estimate);
-        let (id, low, high, placed) = snapshots.begin_chunk(&table);
-        let chunk = async {
-            reader::emit_watermark(&client, &low).await?;
-            let rows =
-                reader::read_chunk(&client, &table, progress.cursor.as_deref(), limit).await?;
-            let read = rows.rows.len() as u64;
-            let mut next = progress.clone();
-            next.rows += read;
-            next.chunks += 1;
-            next.updated_at = now_micros();
-            next.error = None;
-            if rows.last_key.is_some() {
-                next.cursor = rows.last_key;
+        if read.state != TableState::Done && in_flight.len() < CHUNKS_IN_FLIGHT {
+            let table = reader::describe(&client, &read.table).await?;
+            estimate = table.estimate;
+            snapshots.set_live(&read.table, |live| live.estimate = table.estimate);
+            let (id, low, high, placed) = snapshots.begin_chunk(&table);
+            match read_one(snapshots, &client, &table, id, (&low, &high), &read, limit).await {
+                Ok(next) => {
+                    read = next.clone();
+                    in_flight.push_back((id, placed, next));
+                }
+                Err(err) => {
+                    snapshots.abandon(id);
+                    return Err(err);
+                }
             }
-            next.state = if read < limit as u64 {
-                TableState::Done
-            } else {
-                TableState::Copying
-            };
-            snapshots.chunk_read(
-                id,
-                Ready {
-                    relation: table.relation.clone(),
-                    key: table.key.clone(),
-                    rows: rows.rows,
-                    bytes: rows.bytes,
-                    progress: next.clone(),
-                },
-            );
-            reader::emit_watermark(&client, &high).await?;
-            Ok::<_, SourceError>(next)
-        };
-        let next = match chunk.await {
-            Ok(next) => next,
-            Err(err) => {
-                snapshots.abandon(id);
-                return Err(err);
-            }
+            continue;
+        }
+        let Some((_, placed, next)) = in_flight.pop_front() else {
+            return Ok(());
         };
         match placed.await {
             Ok(Placed::Emitted { emitted, dropped }) => {
                 tracing::debug!(pipeline = %snapshots.pipeline, table = %progress.table, emitted, dropped, "snapshot chunk placed");
                 *progress = next;
             }
-            // Read it again: its low watermark was not seen.
-            Ok(Placed::Lost) => continue,
+            // Its low watermark was not seen: read again from the last
+            // chunk placed (the chunks after it were dropped with it).
+            Ok(Placed::Lost) => {
+                for (id, _, _) in in_flight.drain(..) {
+                    snapshots.abandon(id);
+                }
+                read = progress.clone();
+                continue;
+            }
             // The pipeline is stopping.
             Err(_) => return Ok(()),
         }
         if last_log.elapsed() >= Duration::from_secs(10) || progress.state == TableState::Done {
             last_log = Instant::now();
-            tracing::info!(pipeline = %snapshots.pipeline, table = %progress.table, rows = progress.rows, estimate = table.estimate, state = progress.state.name(), "snapshot progress");
+            tracing::info!(pipeline = %snapshots.pipeline, table = %progress.table, rows = progress.rows, estimate, state = progress.state.name(), "snapshot progress");
         }
         if progress.state == TableState::Done {
             return Ok(());
         }
     }
+}
+
+/// One chunk after `after`: low watermark, the rows handed over, high
+/// watermark. Returns the table's progress once the chunk is placed.
+async fn read_one(
+    snapshots: &Snapshots,
+    client: &tokio_postgres::Client,
+    table: &SnapshotTable,
+    id: u64,
+    (low, high): (&str, &str),
+    after: &SnapshotProgress,
+    limit: usize,
+) -> Result<SnapshotProgress, SourceError> {
+    reader::emit_watermark(client, low).await?;
+    let rows = reader::read_chunk(client, table, after.cursor.as_deref(), limit).await?;
+    let read = rows.rows.len() as u64;
+    let mut next = after.clone();
+    next.rows += read;
+    next.chunks += 1;
+    next.updated_at = now_micros();
+    next.error = None;
+    if rows.last_key.is_some() {
+        next.cursor = rows.last_key;
+    }
+    next.state = if read < limit as u64 {
+        TableState::Done
+    } else {
+        TableState::Copying
+    };
+    snapshots.chunk_read(
+        id,
+        Ready {
+            relation: table.relation.clone(),
+            key: table.key.clone(),
+            rows: rows.rows,
+            bytes: rows.bytes,
+            progress: next.clone(),
+        },
+    );
+    reader::emit_watermark(client, high).await?;
+    Ok(next)
 }
 
 /// Each table's snapshot state and rows copied, for the metrics: durable
