@@ -101,6 +101,10 @@ fn tail(datum: PathBuf, baseline: PathBuf, stop: Arc<AtomicBool>) -> (Samples, S
         let lines = d.lines();
         let seen = now_micros();
         for line in lines {
+            // Rows of a copy are not live changes (and not worth parsing).
+            if line.contains("\"op\":\"snapshot\"") {
+                continue;
+            }
             let Ok(json) = serde_json::from_str::<serde_json::Value>(&line) else {
                 continue;
             };
@@ -175,7 +179,21 @@ async fn steady_writer(conninfo: &str, rate: u64, secs: u64, first_id: u64) -> u
 pub async fn run(bench: &mut Bench) -> Table {
     let secs: u64 = if bench.args.quick { 3 } else { 10 };
     let rates = [1_000u64, 10_000];
-    println!("== latency: {secs} s at each of {rates:?} changes/s");
+    println!("== latency: {secs} s at each of {rates:?} changes/s, then 1,000/s during a copy");
+    // The table a backfill copies in the last phase: written before the
+    // slots exist, so that neither side decodes its rows.
+    let copied: u64 = if bench.args.quick { 500_000 } else { 3_000_000 };
+    bench
+        .sql
+        .batch_execute(&format!(
+            "CREATE TABLE big_snap (id bigint PRIMARY KEY, name text NOT NULL, \
+             email text NOT NULL, balance numeric(12,2) NOT NULL, active boolean NOT NULL);
+             INSERT INTO big_snap SELECT {ROW} FROM generate_series(1, {copied}) g;
+             ANALYZE big_snap;
+             ALTER PUBLICATION {PUBLICATION} ADD TABLE big_snap;"
+        ))
+        .await
+        .expect("creating the table to copy");
     bench.create_slot("lat", "pgoutput").await;
     bench.create_slot("lat_base", "test_decoding").await;
     let dir = bench.dir.join("lat");
@@ -184,7 +202,7 @@ pub async fn run(bench: &mut Bench) -> Table {
         conninfo: bench.conninfo(Transport::Tcp),
         slot: "lat".into(),
         transforms: bench.transforms(&[("identity", "{}")]),
-        extra: String::new(),
+        extra: "snapshot.mode = \"never\"\n".into(),
     }];
     let host = Host::start(&bench.datum, &dir, PUBLICATION, &pipelines).await;
     let baseline_file = dir.join("baseline.txt");
@@ -211,14 +229,34 @@ pub async fn run(bench: &mut Bench) -> Table {
     let conninfo = bench.pg.conninfo("bench");
     let warmup = 500_000; // µs of each phase left out
     let mut phases = Vec::new();
-    for rate in rates {
+    let copying = format!("1,000 during a {}-row copy", grouped(copied as f64));
+    for (label, rate, copy) in rates
+        .iter()
+        .map(|r| (grouped(*r as f64), *r, false))
+        .chain([(copying.clone(), 1_000, true)])
+    {
+        if copy {
+            host.backfill("lat", &["public.big_snap"]).await;
+        }
         let first = bench.next_id;
         let from = now_micros();
         let last = steady_writer(&conninfo, rate, secs, first).await;
         let to = now_micros();
         bench.next_id = last + 1;
+        let mut label = label;
+        if copy {
+            let status = host.status("lat").await;
+            let state = status["snapshots"]
+                .as_array()
+                .and_then(|s| s.iter().find(|t| t["table"] == "public.big_snap"))
+                .map(|t| t["state"].as_str().unwrap_or("?").to_owned())
+                .unwrap_or_default();
+            if state != "copying" {
+                label.push_str(&format!(" (the copy was {state} before the phase ended)"));
+            }
+        }
         phases.push((
-            rate,
+            label,
             from + warmup,
             to,
             (last - first) as f64 / ((to - from) as f64 / 1e6),
@@ -256,10 +294,10 @@ pub async fn run(bench: &mut Bench) -> Table {
         ],
         None => ["—".into(), "—".into(), "—".into()],
     };
-    for (rate, from, to, achieved) in phases {
+    for (label, from, to, achieved) in phases {
         let d = fmt(percentiles(&datum, from, to));
         let b = fmt(percentiles(&base, from, to));
-        let mut row = vec![grouped(rate as f64), grouped(achieved)];
+        let mut row = vec![label, grouped(achieved)];
         row.extend(d);
         row.extend(b);
         table.row(row);
