@@ -24,6 +24,25 @@ pub async fn try_connect(conninfo: &str) -> Result<tokio_postgres::Client, tokio
     Ok(client)
 }
 
+/// A query's rows in text form, one line per row (`a | b | NULL`).
+pub async fn rows(client: &tokio_postgres::Client, query: &str) -> Vec<String> {
+    client
+        .simple_query(query)
+        .await
+        .unwrap_or_else(|err| panic!("{query}: {err}"))
+        .into_iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(row) => Some(
+                (0..row.len())
+                    .map(|i| row.get(i).unwrap_or("NULL").to_owned())
+                    .collect::<Vec<_>>()
+                    .join(" | "),
+            ),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Starts a cluster with the default settings, panicking with the harness's
 /// explanation (e.g. which packages to install) if it cannot.
 pub fn cluster() -> Cluster {

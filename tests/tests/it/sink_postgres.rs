@@ -12,7 +12,7 @@ use datum::{Batch, Item, Lsn, PostgresSink, Sink, SinkError, Transformed};
 use datum_guest::Txn;
 use datum_guest::wire::{Change, Column, Op, Row, Value};
 use datum_tests::stream::{Running, config, render};
-use datum_tests::{cluster, connect};
+use datum_tests::{cluster, connect, rows};
 
 async fn sql(client: &tokio_postgres::Client, statements: &[&str]) {
     for statement in statements {
@@ -21,25 +21,6 @@ async fn sql(client: &tokio_postgres::Client, statements: &[&str]) {
             .await
             .unwrap_or_else(|err| panic!("{statement}: {err}"));
     }
-}
-
-/// A query's rows in text form, one line per row.
-async fn rows(client: &tokio_postgres::Client, query: &str) -> Vec<String> {
-    client
-        .simple_query(query)
-        .await
-        .unwrap_or_else(|err| panic!("{query}: {err}"))
-        .into_iter()
-        .filter_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(row) => Some(
-                (0..row.len())
-                    .map(|i| row.get(i).unwrap_or("NULL").to_owned())
-                    .collect::<Vec<_>>()
-                    .join(" | "),
-            ),
-            _ => None,
-        })
-        .collect()
 }
 
 const TABLES: &[&str] = &[

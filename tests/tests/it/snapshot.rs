@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use datum_tests::{cluster, connect};
+use datum_tests::{cluster, connect, rows};
 use serde_json::Value as Json;
 
 use crate::run::{Host, temp_dir, toml_string};
@@ -85,25 +85,6 @@ async fn wait_done(port: u16, host: &Host, tables: &[&str], secs: u64) -> Vec<Js
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-}
-
-/// A query's rows in text form, one line per row.
-async fn rows(client: &tokio_postgres::Client, query: &str) -> Vec<String> {
-    client
-        .simple_query(query)
-        .await
-        .unwrap_or_else(|err| panic!("{query}: {err}"))
-        .into_iter()
-        .filter_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(row) => Some(
-                (0..row.len())
-                    .map(|i| row.get(i).unwrap_or("NULL").to_owned())
-                    .collect::<Vec<_>>()
-                    .join(" | "),
-            ),
-            _ => None,
-        })
-        .collect()
 }
 
 /// Waits until `query` answers the same on both sides.
@@ -199,15 +180,7 @@ async fn writer(url: String, rows: u64, stop: tokio::sync::watch::Receiver<bool>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_copied_while_a_writer_changes_it_ends_equal_to_the_source() {
     let pg = cluster();
-    let admin = connect(&pg.conninfo("postgres")).await;
-    for db in ["src", "dst"] {
-        admin
-            .batch_execute(&format!("CREATE DATABASE {db}"))
-            .await
-            .expect("database");
-    }
-    let src = connect(&pg.conninfo("src")).await;
-    let dst = connect(&pg.conninfo("dst")).await;
+    let (src, dst) = two_databases(&pg).await;
     const ROWS: u64 = 200_000;
     src.batch_execute(&format!(
         "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL, note text); \
@@ -219,18 +192,11 @@ async fn a_table_copied_while_a_writer_changes_it_ends_equal_to_the_source() {
         .await
         .expect("target table");
 
-    let dir = temp_dir("snapshot-writer");
-    let port = free_port();
-    let host = Host::start(
-        &dir,
-        &config(
-            &pg.conninfo("src"),
-            &pg.conninfo("dst"),
-            &dir,
-            port,
-            &["public.t"],
-            "[pipeline.snapshot]\nchunk_size = 2000\n",
-        ),
+    let (host, port, _dir) = start(
+        &pg,
+        "snapshot-writer",
+        &["public.t"],
+        "[pipeline.snapshot]\nchunk_size = 2000\n",
     );
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let writing = tokio::spawn(writer(pg.conninfo("src"), ROWS, stopped));
@@ -251,6 +217,28 @@ async fn a_table_copied_while_a_writer_changes_it_ends_equal_to_the_source() {
     );
     let count = wait_equal(&src, &dst, "SELECT * FROM t ORDER BY id", &host, 120).await;
     assert!(count as u64 > ROWS / 2, "{count} rows compared");
+}
+
+/// `datum run` with pipeline `p` from `src` into `dst` (see `config`) in a
+/// new directory named after `name`: the host, its admin port, the
+/// directory.
+fn start(
+    pg: &datum_tests::Cluster,
+    name: &str,
+    tables: &[&str],
+    extra: &str,
+) -> (Host, u16, std::path::PathBuf) {
+    let dir = temp_dir(name);
+    let port = free_port();
+    let config = config(
+        &pg.conninfo("src"),
+        &pg.conninfo("dst"),
+        &dir,
+        port,
+        tables,
+        extra,
+    );
+    (Host::start(&dir, &config), port, dir)
 }
 
 /// Creates databases `src` and `dst` in a new cluster; clients to both.
@@ -321,18 +309,11 @@ async fn keys_of_every_kind_are_copied_exactly_and_a_keyless_table_is_refused() 
         "public.toasted",
         "public.keyless",
     ];
-    let dir = temp_dir("snapshot-keys");
-    let port = free_port();
-    let host = Host::start(
-        &dir,
-        &config(
-            &pg.conninfo("src"),
-            &pg.conninfo("dst"),
-            &dir,
-            port,
-            &tables,
-            "[pipeline.snapshot]\nchunk_size = 4\nparallel_tables = 3\n",
-        ),
+    let (host, port, _dir) = start(
+        &pg,
+        "snapshot-keys",
+        &tables,
+        "[pipeline.snapshot]\nchunk_size = 4\nparallel_tables = 3\n",
     );
     let entries = wait_done(port, &host, &tables[..7], 120).await;
     for (table, query) in [
@@ -530,18 +511,11 @@ async fn backfills_add_a_table_recopy_one_and_copy_from_a_key_on_a_running_pipel
     )
     .await
     .expect("rows");
-    let dir = temp_dir("snapshot-backfill");
-    let port = free_port();
-    let host = Host::start(
-        &dir,
-        &config(
-            &pg.conninfo("src"),
-            &pg.conninfo("dst"),
-            &dir,
-            port,
-            &["public.a"],
-            "[pipeline.snapshot]\nmode = \"never\"\nchunk_size = 7\n",
-        ),
+    let (host, port, dir) = start(
+        &pg,
+        "snapshot-backfill",
+        &["public.a"],
+        "[pipeline.snapshot]\nmode = \"never\"\nchunk_size = 7\n",
     );
     let deadline = Instant::now() + Duration::from_secs(30);
     while status(port).await.map(|s| s["state"] == "running") != Some(true) {
