@@ -106,6 +106,9 @@ struct Inner {
     ledger: BTreeMap<Lsn, Vec<SnapshotProgress>>,
     /// Each table's copy as this run sees it.
     live: BTreeMap<String, Live>,
+    /// Tables whose copy failed in this run: a chunk of theirs placed
+    /// after the failure must not record progress over it.
+    failed: HashSet<String>,
 }
 
 #[derive(Debug)]
@@ -265,7 +268,9 @@ impl Snapshots {
 
     /// Starts showing `progress`'s table as this run copies it.
     fn watch(&self, progress: &SnapshotProgress) {
-        self.lock().live.insert(
+        let mut inner = self.lock();
+        inner.failed.remove(&progress.table);
+        inner.live.insert(
             progress.table.clone(),
             Live {
                 state: progress.state,
@@ -365,7 +370,7 @@ impl Snapshots {
         let inner = self.lock();
         let mut latest: BTreeMap<&str, &SnapshotProgress> = BTreeMap::new();
         for notes in inner.ledger.range(..=lsn).map(|(_, n)| n) {
-            for note in notes {
+            for note in notes.iter().filter(|n| !inner.failed.contains(&n.table)) {
                 latest.insert(&note.table, note);
             }
         }
@@ -469,6 +474,17 @@ fn place(inner: &mut Inner, chunk: Chunk, lsn: Lsn, out: &mut Vec<Change>) -> Op
         }
     }
     let progress = ready.progress;
+    if inner.failed.contains(&progress.table) {
+        // Read before its table's copy failed: the rows are true, the
+        // progress is not to be recorded over the failure.
+        if let Some(answer) = answer {
+            let _ = answer.send(Placed::Emitted {
+                emitted,
+                dropped: total - emitted,
+            });
+        }
+        return Some(ready.bytes);
+    }
     if let Some(live) = inner.live.get_mut(&progress.table) {
         live.rows_this_run += total;
         live.state = progress.state;
@@ -565,10 +581,14 @@ fn fail(snapshots: &Snapshots, store: &Store, mut progress: SnapshotProgress, er
     progress.state = TableState::Failed;
     progress.error = Some(err.to_string());
     progress.updated_at = now_micros();
-    snapshots.set_live(&progress.table, |live| {
-        live.state = TableState::Failed;
-        live.error = Some(err.to_string());
-    });
+    {
+        let mut inner = snapshots.lock();
+        inner.failed.insert(progress.table.clone());
+        if let Some(live) = inner.live.get_mut(&progress.table) {
+            live.state = TableState::Failed;
+            live.error = Some(err.to_string());
+        }
+    }
     if let Err(err) = store.put_snapshot_progress(name, &[progress]) {
         tracing::error!(pipeline = %name, error = %err, "cannot record the failed snapshot");
     }

@@ -190,6 +190,14 @@ pub(crate) async fn describe(client: &Client, name: &str) -> Result<SnapshotTabl
         .filter(|i| i.get::<_, Option<bool>>(3) == Some(true))
         .filter_map(index_columns)
         .min_by_key(Vec::len);
+    let gone = client
+        .query_opt("SELECT 1 FROM pg_class WHERE oid = $1", &[&oid])
+        .await
+        .map_err(SourceError::Sql)?
+        .is_none();
+    if gone {
+        return Err(dropped(name));
+    }
     let key = primary
         .clone()
         .or_else(|| identity_index.clone())
@@ -279,6 +287,14 @@ fn column_type(
     }
 }
 
+/// The table went away between two statements of its copy.
+fn dropped(name: &str) -> SourceError {
+    SourceError::Requirement {
+        problem: format!("table {name} was dropped during its copy"),
+        fix: format!("re-create {name} and backfill it, or remove it from the pipeline's tables"),
+    }
+}
+
 /// `schema.table` quoted for SQL.
 fn sql_name(name: &str) -> String {
     let (schema, table) = super::check::split_table(name);
@@ -334,13 +350,7 @@ pub(crate) async fn read_chunk(
     sql.push_str(&format!(" ORDER BY {key_list} LIMIT {limit}"));
     let messages = client.simple_query(&sql).await.map_err(|e| {
         match e.as_db_error().map(|d| d.code().code()) {
-            Some("42P01") => SourceError::Requirement {
-                problem: format!("table {} was dropped during its copy", table.name),
-                fix: format!(
-                    "re-create {} and backfill it, or remove it from the pipeline's tables",
-                    table.name
-                ),
-            },
+            Some("42P01") => dropped(&table.name),
             Some("42501") => SourceError::Requirement {
                 problem: format!("the source role may no longer read {}", table.name),
                 fix: format!(

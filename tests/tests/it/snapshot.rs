@@ -689,3 +689,85 @@ parallel_tables = 2
         "live changes of done tables waited {worst:?} behind the large copy"
     );
 }
+
+/// Errors a copy meets on the way: a table dropped during its copy fails
+/// with an error that says what happened and what to do, and the pipeline
+/// goes on; a table truncated during its copy ends equal to the source.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_dropped_or_truncated_during_its_copy() {
+    let pg = cluster();
+    let (src, dst) = two_databases(&pg).await;
+    for db in [&src, &dst] {
+        db.batch_execute(
+            "CREATE TABLE dropped (id int PRIMARY KEY, v text);
+             CREATE TABLE truncated (id int PRIMARY KEY, v text)",
+        )
+        .await
+        .expect("schema");
+    }
+    src.batch_execute(
+        "INSERT INTO dropped SELECT g, 'd' || g FROM generate_series(1, 500000) g;
+         INSERT INTO truncated SELECT g, 't' || g FROM generate_series(1, 500000) g",
+    )
+    .await
+    .expect("rows");
+    let (host, port, _dir) = start(
+        &pg,
+        "snapshot-drop",
+        &["public.dropped", "public.truncated"],
+        "[pipeline.snapshot]\nchunk_size = 200\n",
+    );
+    // Both mid-copy.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let entries = snapshots(port).await;
+        let copying = |t: &str| {
+            entries.iter().any(|e| {
+                e["table"] == t && e["state"] == "copying" && e["rows"].as_u64().unwrap_or(0) > 0
+            })
+        };
+        if copying("public.dropped") && copying("public.truncated") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not both copying: {entries:?}\n{}",
+            host.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    src.batch_execute(
+        "TRUNCATE truncated; INSERT INTO truncated VALUES (1, 'after'); DROP TABLE dropped",
+    )
+    .await
+    .expect("truncate and drop");
+
+    wait_done(port, &host, &["public.truncated"], 120).await;
+    wait_equal(&src, &dst, "SELECT * FROM truncated ORDER BY id", &host, 60).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let failed = loop {
+        let entries = snapshots(port).await;
+        if let Some(e) = entries
+            .iter()
+            .find(|e| e["table"] == "public.dropped" && e["state"] == "failed")
+        {
+            break e.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the dropped table did not fail: {entries:?}\n{}",
+            host.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let error = failed["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("public.dropped") && error.contains("backfill"),
+        "the error says what happened and what to do: {error}"
+    );
+    // The pipeline goes on.
+    src.batch_execute("INSERT INTO truncated VALUES (2, 'later')")
+        .await
+        .expect("insert");
+    wait_equal(&src, &dst, "SELECT * FROM truncated ORDER BY id", &host, 30).await;
+}
