@@ -49,3 +49,29 @@ fn is_broken_pipe(err: &std::io::Error) -> bool {
 pub fn closed() -> bool {
     CLOSED.load(Ordering::Relaxed)
 }
+
+/// The progress bars drawn on standard error, once a command draws any.
+static BARS: std::sync::OnceLock<indicatif::MultiProgress> = std::sync::OnceLock::new();
+
+/// The bars of a command on a terminal (created on first use).
+pub(crate) fn bars() -> &'static indicatif::MultiProgress {
+    BARS.get_or_init(indicatif::MultiProgress::new)
+}
+
+/// Standard error for log lines: a line is written with the progress bars,
+/// if any, cleared first and drawn again after it, so the two never mix.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LogWriter;
+
+impl Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match BARS.get() {
+            Some(bars) => bars.suspend(|| std::io::stderr().write(buf)),
+            None => std::io::stderr().write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}

@@ -56,7 +56,7 @@ pub use event::{Batch, Change, Column, Lsn, Offset, Relation, ReplicaIdentity};
 
 // Small tools.
 pub use channel::{Receiver, Sender, channel};
-pub use console::closed as stdout_closed;
+pub use console::{LogWriter, closed as stdout_closed};
 
 // Storage and configuration.
 pub use checkpoint::Store;

@@ -75,7 +75,14 @@ pub(crate) async fn run(
         shutdown.await;
         let _ = stop_tx.send(true);
     });
+    // Table copies as progress bars for a person at a terminal; the log
+    // says the same every 10 seconds otherwise.
+    let progress = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        .then(|| tokio::spawn(crate::daemon::snapshot::draw_progress(pipelines.controls())));
     let report = pipelines.wait().await;
+    if let Some(progress) = progress {
+        progress.abort();
+    }
     signal.abort();
     if let Some(admin) = admin {
         admin.abort();

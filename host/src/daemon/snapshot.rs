@@ -212,6 +212,15 @@ impl Snapshots {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Every table this run copies or copied, as it sees it.
+    pub(crate) fn live_all(&self) -> Vec<(String, Live)> {
+        self.lock()
+            .live
+            .iter()
+            .map(|(t, l)| (t.clone(), l.clone()))
+            .collect()
+    }
+
     /// The copy of `table` as this run sees it, if it copies it.
     pub(crate) fn live(&self, table: &str) -> Option<Live> {
         self.lock().live.get(table).cloned()
@@ -915,6 +924,47 @@ pub(crate) fn status(stored: &SnapshotProgress, live: Option<Live>) -> Json {
         "updated_at": progress.updated_at,
         "checkpointed": {"state": stored.state.name(), "rows": stored.rows, "chunks": stored.chunks},
     })
+}
+
+/// Draws a progress bar per table copying, on standard error, until the
+/// task is aborted: `datum run` at a terminal.
+pub(crate) async fn draw_progress(pipelines: Vec<Arc<crate::daemon::PipelineControl>>) {
+    use indicatif::{ProgressBar, ProgressStyle};
+    let style = ProgressStyle::with_template(
+        "{prefix} [{bar:30}] {human_pos}/{human_len} rows, ETA {eta} {msg}",
+    )
+    .unwrap_or_else(|_| ProgressStyle::default_bar())
+    .progress_chars("=> ");
+    let mut bars: HashMap<(String, String), ProgressBar> = HashMap::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        tick.tick().await;
+        for control in &pipelines {
+            let Some(handles) = control.handles() else {
+                continue;
+            };
+            for (table, live) in handles.snapshots.live_all() {
+                let key = (control.name.clone(), table.clone());
+                let rows = live.placed.as_ref().map_or(0, |p| p.rows);
+                let bar = bars.entry(key).or_insert_with(|| {
+                    let bar = crate::console::bars().add(ProgressBar::new(live.estimate.max(1)));
+                    bar.set_style(style.clone());
+                    bar.set_prefix(format!("{} {table}", control.name));
+                    bar
+                });
+                if bar.is_finished() {
+                    continue;
+                }
+                bar.set_length(live.estimate.max(rows).max(1));
+                bar.set_position(rows);
+                match live.state {
+                    TableState::Done => bar.finish_with_message("done"),
+                    TableState::Failed => bar.abandon_with_message("failed (see the log)"),
+                    TableState::Pending | TableState::Copying => {}
+                }
+            }
+        }
+    }
 }
 
 /// Records, in the state file, that every table of the publication is to

@@ -771,3 +771,95 @@ async fn a_table_dropped_or_truncated_during_its_copy() {
         .expect("insert");
     wait_equal(&src, &dst, "SELECT * FROM truncated ORDER BY id", &host, 30).await;
 }
+
+/// `datum run` at a terminal draws a progress bar per table copying (the
+/// log lines go above the bars, not through them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn datum_run_at_a_terminal_shows_a_progress_bar_per_table() {
+    let pg = cluster();
+    let src = connect(&pg.conninfo("postgres")).await;
+    src.batch_execute(
+        "CREATE TABLE t (id int PRIMARY KEY, v text);
+         INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 300000) g;
+         ANALYZE t",
+    )
+    .await
+    .expect("table");
+    let dir = temp_dir("snapshot-bars");
+    let port = free_port();
+    let config = dir.join("datum.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+state = {state}
+
+[admin]
+listen = "127.0.0.1:{port}"
+token = "{TOKEN}"
+
+[[pipeline]]
+name = "p"
+source.url = {url}
+source.tables = ["public.t"]
+sink = {{ type = "file", path = {out} }}
+
+[pipeline.snapshot]
+chunk_size = 1000
+"#,
+            state = toml_string(dir.join("state.redb").to_str().expect("utf-8")),
+            url = toml_string(&pg.conninfo("postgres")),
+            out = toml_string(dir.join("out.jsonl").to_str().expect("utf-8")),
+        ),
+    )
+    .expect("config");
+    let screen = dir.join("screen.txt");
+    // `script` gives the host a terminal and records what it drew.
+    let mut terminal = std::process::Command::new("script")
+        .arg("-qfc")
+        .arg(format!(
+            "exec {} run {}",
+            datum_tests::datum_bin().display(),
+            config.display()
+        ))
+        .arg(&screen)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("script (util-linux)");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let entries = snapshots(port).await;
+        if entries
+            .iter()
+            .any(|e| e["table"] == "public.t" && e["state"] == "done")
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not done: {entries:?}\n{}",
+            std::fs::read_to_string(&screen).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Let the bar draw its end, then stop the host.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let _ = std::process::Command::new("pkill")
+        .args(["-TERM", "-f"])
+        .arg(config.to_str().expect("utf-8"))
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while terminal.try_wait().expect("wait").is_none() {
+        assert!(Instant::now() < deadline, "the host did not stop");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let drawn = std::fs::read_to_string(&screen).expect("the screen");
+    assert!(drawn.contains("p public.t ["), "no bar:\n{drawn}");
+    assert!(drawn.contains("rows"), "{drawn}");
+    assert!(drawn.contains("done"), "the bar ends done:\n{drawn}");
+    assert!(
+        drawn.contains("snapshot progress"),
+        "log lines still show:\n{drawn}"
+    );
+}
