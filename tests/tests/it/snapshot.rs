@@ -845,10 +845,23 @@ chunk_size = 1000
     }
     // Let the bar draw its end, then stop the host.
     tokio::time::sleep(Duration::from_millis(600)).await;
-    let _ = std::process::Command::new("pkill")
-        .args(["-TERM", "-f"])
-        .arg(config.to_str().expect("utf-8"))
-        .status();
+    // The host is the process whose command line names this configuration.
+    let needle = config.to_str().expect("utf-8").as_bytes().to_vec();
+    let host = std::fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmd| {
+                cmd.windows(needle.len()).any(|w| w == needle.as_slice())
+                    && !cmd.starts_with(b"script")
+            })
+        })
+        .expect("the host's process");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(host),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("SIGTERM");
     let deadline = Instant::now() + Duration::from_secs(30);
     while terminal.try_wait().expect("wait").is_none() {
         assert!(Instant::now() < deadline, "the host did not stop");
