@@ -861,18 +861,25 @@ pub(crate) fn tables(pipeline: &str, live: Option<&Snapshots>, store: &Store) ->
         .into_iter()
         .map(|stored| {
             let live = live.and_then(|s| s.live(&stored.table));
-            let rows = live
-                .as_ref()
-                .and_then(|l| l.placed.as_ref())
-                .map_or(stored.rows, |p| p.rows);
-            let state = live.map_or(stored.state, |l| l.state);
+            let (progress, state) = current(&stored, live.as_ref());
             TableRows {
-                table: stored.table,
+                table: progress.table.clone(),
                 state,
-                rows,
+                rows: progress.rows,
             }
         })
         .collect()
+}
+
+/// A table's progress as it stands: the last chunk this run placed (not
+/// yet durable, perhaps) over what the state file holds, and this run's
+/// state over the stored one.
+fn current<'a>(
+    stored: &'a SnapshotProgress,
+    live: Option<&'a Live>,
+) -> (&'a SnapshotProgress, TableState) {
+    let progress = live.and_then(|l| l.placed.as_ref()).unwrap_or(stored);
+    (progress, live.map_or(stored.state, |l| l.state))
 }
 
 /// A table's snapshot state and rows copied.
@@ -886,16 +893,11 @@ pub(crate) struct TableRows {
 /// A table's snapshot in the status endpoint: its durable progress, with
 /// this run's rate and an estimate of what is left when it is copying.
 pub(crate) fn status(stored: &SnapshotProgress, live: Option<Live>) -> Json {
-    let progress = live
-        .as_ref()
-        .and_then(|l| l.placed.as_ref())
-        .unwrap_or(stored);
-    let mut state = progress.state;
+    let (progress, state) = current(stored, live.as_ref());
     let rows = progress.rows;
     let mut error = progress.error.clone();
     let (mut estimate, mut rate, mut eta) = (Json::Null, Json::Null, Json::Null);
     if let Some(live) = live.as_ref() {
-        state = live.state;
         if live.error.is_some() {
             error = live.error.clone();
         }

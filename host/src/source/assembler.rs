@@ -412,30 +412,7 @@ impl Assembler {
     }
 
     fn type_of(&self, oid: u32) -> (String, TypeKind) {
-        if let Some(kind) = TypeKind::builtin(oid) {
-            // A kind covers several types (int2/int4/int8 read alike): the
-            // name comes from the OID.
-            let name = values::builtin_name(oid)
-                .map(str::to_owned)
-                .unwrap_or_else(|| kind.name());
-            return (name, kind);
-        }
-        match self.types.get(&oid) {
-            Some(resolved) => (resolved.name.clone(), resolved.kind.clone()),
-            None => {
-                let name = self
-                    .stream_type_names
-                    .get(&oid)
-                    .cloned()
-                    .unwrap_or_else(|| format!("oid:{oid}"));
-                (
-                    name.clone(),
-                    TypeKind::Other {
-                        type_name: name.clone(),
-                    },
-                )
-            }
-        }
+        column_type(oid, &self.types, self.stream_type_names.get(&oid))
     }
 
     fn relation(&self, oid: u32) -> Result<Arc<Relation>, SourceError> {
@@ -482,6 +459,31 @@ impl Assembler {
             changes,
             bytes,
         }))
+    }
+}
+
+/// A column type's name and how its text parses: built in, else as the
+/// catalog resolved it (`types`), else an opaque type named `fallback` (or
+/// by its OID). The stream and the snapshot reader name and parse alike.
+pub(crate) fn column_type(
+    oid: u32,
+    types: &HashMap<u32, ResolvedType>,
+    fallback: Option<&String>,
+) -> (String, TypeKind) {
+    if let Some(kind) = TypeKind::builtin(oid) {
+        // A kind covers several types (int2/int4/int8 read alike): the name
+        // comes from the OID.
+        let name = values::builtin_name(oid)
+            .map(str::to_owned)
+            .unwrap_or_else(|| kind.name());
+        return (name, kind);
+    }
+    match types.get(&oid) {
+        Some(resolved) => (resolved.name.clone(), resolved.kind.clone()),
+        None => {
+            let name = fallback.cloned().unwrap_or_else(|| format!("oid:{oid}"));
+            (name.clone(), TypeKind::Other { type_name: name })
+        }
     }
 }
 

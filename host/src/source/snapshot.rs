@@ -12,7 +12,6 @@
 //! replication connection, and parsed by the same code as the stream's, so
 //! a key read here equals the same key decoded from the stream.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use datum_guest::Value;
@@ -240,7 +239,7 @@ pub(crate) async fn describe(client: &Client, name: &str) -> Result<SnapshotTabl
         .enumerate()
         .map(|(i, c)| {
             let type_oid: u32 = c.get(2);
-            let (type_name, kind) = column_type(type_oid, &resolved);
+            let (type_name, kind) = super::assembler::column_type(type_oid, &resolved, None);
             Column {
                 name: c.get(1),
                 type_oid,
@@ -264,27 +263,6 @@ pub(crate) async fn describe(client: &Client, name: &str) -> Result<SnapshotTabl
         key,
         estimate: estimate as u64,
     })
-}
-
-/// A column type's name and how its text parses, as the stream's
-/// assembler names and parses it.
-fn column_type(
-    oid: u32,
-    resolved: &HashMap<u32, super::assembler::ResolvedType>,
-) -> (String, TypeKind) {
-    if let Some(kind) = TypeKind::builtin(oid) {
-        let name = values::builtin_name(oid)
-            .map(str::to_owned)
-            .unwrap_or_else(|| kind.name());
-        return (name, kind);
-    }
-    match resolved.get(&oid) {
-        Some(t) => (t.name.clone(), t.kind.clone()),
-        None => {
-            let name = format!("oid:{oid}");
-            (name.clone(), TypeKind::Other { type_name: name })
-        }
-    }
 }
 
 /// The table went away between two statements of its copy.
