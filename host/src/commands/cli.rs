@@ -91,8 +91,9 @@ pub enum Command {
         filter: Option<String>,
     },
     /// Capture real batches as golden-test inputs: from a replication slot
-    /// without consuming it, or from a pipeline's dead letters. The files
-    /// hold real data: review them before committing them.
+    /// without consuming it, from tables' existing rows as a snapshot hands
+    /// them over, or from a pipeline's dead letters. The files hold real
+    /// data: review them before committing them.
     Record {
         /// Where to write NAME.input.json files.
         out: PathBuf,
@@ -105,6 +106,13 @@ pub enum Command {
         /// The publication to decode the slot with (with --url).
         #[arg(long, requires = "url")]
         publication: Option<String>,
+        /// Record this table's first rows as snapshot rows instead of a
+        /// slot's changes (with --url; repeat for more tables: one file each).
+        #[arg(long = "table", requires = "url", conflicts_with_all = ["slot", "publication"])]
+        tables: Vec<String>,
+        /// Rows per table (with --table), in key order.
+        #[arg(long, default_value_t = 100, requires = "tables")]
+        rows: usize,
         /// Read dead letters from this state file instead.
         #[arg(long)]
         state: Option<PathBuf>,

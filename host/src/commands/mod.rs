@@ -141,6 +141,8 @@ pub fn dispatch(command: cli::Command) -> Result<Outcome, CommandError> {
             url,
             slot,
             publication,
+            tables,
+            rows,
             state,
             pipeline,
             limit,
@@ -153,6 +155,8 @@ pub fn dispatch(command: cli::Command) -> Result<Outcome, CommandError> {
                 publication,
                 state,
                 pipeline,
+                tables,
+                rows,
             },
             &record::Options {
                 out,

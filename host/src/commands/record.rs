@@ -1,13 +1,16 @@
 //! `datum record`: real batches as golden-test inputs, so that fixtures come
 //! from real traffic instead of being written by hand.
 //!
-//! Two sources. A replication slot: a temporary copy of the slot is made
+//! Three sources. A replication slot: a temporary copy of the slot is made
 //! (`pg_copy_logical_replication_slot`) and its pending changes are peeked
 //! through pgoutput's SQL interface, decoded by the same decoder and
 //! assembler the pipeline uses — the slot itself is never read, advanced or
 //! held, so recording works while a pipeline streams from it. Or a state
 //! file's dead letters: the batches a pipeline set aside under
 //! `on_error = "dead_letter"`, exactly as its first module received them.
+//! Or tables' existing rows as a snapshot hands them to modules
+//! (`op = "snapshot"`), read by the snapshot's own reader: the first chunk
+//! of each table, one batch per table.
 //!
 //! Either way the files hold real rows. The command line warns about it;
 //! this module only writes what it is given.
@@ -23,6 +26,7 @@ use crate::event::json::BatchJson;
 use crate::pg::ConnInfo;
 use crate::pg::quote_literal;
 use crate::source::assembler::Assembler;
+use crate::source::snapshot as reader;
 use crate::source::{SourceError, catalog, pgoutput};
 use crate::transform::encode::to_wire;
 
@@ -96,6 +100,10 @@ pub(crate) struct Source {
     pub state: Option<std::path::PathBuf>,
     /// The pipeline whose dead letters (`--pipeline`).
     pub pipeline: Option<String>,
+    /// Tables whose first rows are recorded as snapshot rows (`--table`).
+    pub tables: Vec<String>,
+    /// Rows per table (`--rows`).
+    pub rows: usize,
 }
 
 /// `datum record`: writes the fixtures and says what to do with them.
@@ -108,6 +116,9 @@ pub(crate) fn command(
          them before you commit or share them"
     );
     let files = match (source.url, source.state) {
+        (Some(url), _) if !source.tables.is_empty() => {
+            super::block_on(from_tables(&url, &source.tables, source.rows, options))??
+        }
         (Some(url), _) => super::block_on(from_slot(
             &url,
             source.slot.as_deref(),
@@ -218,9 +229,20 @@ pub(crate) async fn from_slot(
             }
         }
         if let Some(batch) = assembler.push(message)? {
+            // Snapshot watermarks never reach modules: a transaction that
+            // holds nothing else is not recorded.
+            let changes: Vec<wire::Change> = batch
+                .changes
+                .iter()
+                .filter(|c| !matches!(c, crate::event::Change::Message { prefix, .. } if prefix == reader::WATERMARK_PREFIX))
+                .map(to_wire)
+                .collect();
+            if changes.is_empty() && !batch.changes.is_empty() {
+                continue;
+            }
             batches.push(wire::Batch {
                 txn: batch.txn,
-                changes: batch.changes.iter().map(to_wire).collect(),
+                changes,
             });
             if batches.len() >= options.limit {
                 break;
@@ -241,6 +263,62 @@ pub(crate) async fn from_slot(
         .enumerate()
         .map(|(i, b)| (format!("{}-{:03}", options.prefix, i + 1), b))
         .collect();
+    write_all(&named, options)
+}
+
+/// Records the first `rows` rows of each table in key order, as a
+/// snapshot of it hands them to modules: one batch per table, `op =
+/// "snapshot"`, values read and parsed by the snapshot's reader. The
+/// batch's transaction is the server's position when the rows were read
+/// (a pipeline's snapshot batch carries its high watermark's instead).
+pub(crate) async fn from_tables(
+    conninfo: &str,
+    tables: &[String],
+    rows: usize,
+    options: &Options,
+) -> Result<Vec<PathBuf>, RecordError> {
+    let info: ConnInfo = conninfo
+        .parse()
+        .map_err(|e| RecordError::Usage(format!("{e}")))?;
+    let client = reader::connect(&info).await?;
+    let mut named = Vec::new();
+    for name in tables.iter().take(options.limit) {
+        let name = reader::resolve_table(&client, name).await?;
+        let table = reader::describe(&client, &name).await?;
+        let chunk = reader::read_chunk(&client, &table, None, rows.max(1)).await?;
+        let position = client
+            .query_one(
+                "SELECT (pg_current_wal_lsn() - '0/0')::text,                  (extract(epoch FROM now()) * 1000000)::int8",
+                &[],
+            )
+            .await
+            .map_err(SourceError::Sql)?;
+        let lsn: u64 = position
+            .try_get::<_, String>(0)
+            .ok()
+            .and_then(|lsn| lsn.parse().ok())
+            .unwrap_or(0);
+        let txn = wire::Txn {
+            xid: 0,
+            commit_lsn: lsn,
+            end_lsn: lsn,
+            commit_time: position.try_get(1).unwrap_or(0),
+            chunk: 0,
+            last: true,
+        };
+        let changes = chunk
+            .rows
+            .into_iter()
+            .map(|new| {
+                to_wire(&crate::event::Change::Snapshot {
+                    relation: table.relation.clone(),
+                    new,
+                })
+            })
+            .collect();
+        let file = format!("{}-{}", options.prefix, name.replace(['"', '/'], "_"));
+        named.push((file, wire::Batch { txn, changes }));
+    }
     write_all(&named, options)
 }
 

@@ -209,6 +209,134 @@ async fn records_what_a_pipeline_receives_without_touching_the_slot() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+#[tokio::test]
+async fn records_tables_existing_rows_as_snapshot_rows_and_leaves_watermarks_out() {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    client
+        .batch_execute(
+            "CREATE TABLE account (region text, id int, email text, balance numeric, \
+               tags text[], PRIMARY KEY (region, id));
+             INSERT INTO account VALUES ('eu', 2, 'b@example.com', 2.50, '{x}'), \
+               ('eu', 1, 'a@example.com', 1.25, '{}'), ('us', 1, 'c@example.com', NULL, NULL);
+             CREATE TABLE empty_one (id int PRIMARY KEY);
+             CREATE PUBLICATION rec FOR TABLE account;",
+        )
+        .await
+        .expect("schema");
+    client
+        .batch_execute("SELECT pg_create_logical_replication_slot('rec', 'pgoutput')")
+        .await
+        .expect("slot");
+    let out = temp_dir("tables");
+    let out_arg = out.to_str().expect("utf-8 path");
+    let url = pg.conninfo("postgres");
+    let run = datum(&[
+        "record",
+        out_arg,
+        "--url",
+        &url,
+        "--table",
+        "account",
+        "--table",
+        "public.empty_one",
+        "--rows",
+        "2",
+    ]);
+    assert!(run.status.success(), "{}", text(&run));
+    let account = read_fixture(&out.join("recorded-public.account.input.json"));
+    let rows: Vec<(
+        Option<&datum_guest::Value>,
+        Option<&datum_guest::Value>,
+        wire::Op,
+    )> = account
+        .changes
+        .iter()
+        .map(|c| {
+            let new = c.new.as_ref();
+            (
+                new.and_then(|n| n.get("region")),
+                new.and_then(|n| n.get("id")),
+                c.op,
+            )
+        })
+        .collect();
+    let (eu, one, two) = (
+        datum_guest::Value::Text("eu".into()),
+        datum_guest::Value::Int(1),
+        datum_guest::Value::Int(2),
+    );
+    assert_eq!(
+        rows,
+        vec![
+            (Some(&eu), Some(&one), wire::Op::Snapshot),
+            (Some(&eu), Some(&two), wire::Op::Snapshot),
+        ],
+        "the first two rows in key order, as snapshot rows: {account:?}"
+    );
+    assert!(account.txn.commit_lsn > 0 && account.txn.commit_time > 0);
+    let text_form =
+        std::fs::read_to_string(out.join("recorded-public.account.input.json")).expect("fixture");
+    for typed in [r#""op": "snapshot""#, r#"{"numeric": "1.25"}"#, r#"["x"]"#] {
+        assert!(text_form.contains(typed), "{typed} in {text_form}");
+    }
+    let empty = read_fixture(&out.join("recorded-public.empty_one.input.json"));
+    assert!(empty.changes.is_empty(), "an empty table records no rows");
+
+    // Golden inputs as they are: identity gives the rows back.
+    let bless = Command::new(datum_bin())
+        .arg("test")
+        .arg(example_wasm_path("identity"))
+        .arg(&out)
+        .arg("--bless")
+        .output()
+        .expect("datum test");
+    assert!(
+        text(&bless).contains("2 passed, 0 failed"),
+        "{}",
+        text(&bless)
+    );
+
+    // A table that does not exist is named.
+    let missing = datum(&[
+        "record", out_arg, "--url", &url, "--table", "nope", "--force",
+    ]);
+    assert_eq!(missing.status.code(), Some(2), "{}", text(&missing));
+    assert!(
+        text(&missing).contains("table nope does not exist"),
+        "{}",
+        text(&missing)
+    );
+
+    // A slot's watermark transactions are left out, as a pipeline leaves
+    // them out; the change after them is recorded.
+    client
+        .batch_execute(
+            "SELECT pg_logical_emit_message(true, 'datum.snapshot', '{}');
+             INSERT INTO account VALUES ('us', 2, 'd@example.com', 4, '{}');",
+        )
+        .await
+        .expect("watermark and insert");
+    let slot = temp_dir("watermarks");
+    let recorded = datum(&[
+        "record",
+        slot.to_str().expect("utf-8 path"),
+        "--url",
+        &url,
+        "--slot",
+        "rec",
+        "--publication",
+        "rec",
+    ]);
+    assert!(recorded.status.success(), "{}", text(&recorded));
+    let batch = read_fixture(&slot.join("recorded-001.input.json"));
+    assert_eq!(batch.changes.len(), 1, "{batch:?}");
+    assert_eq!(batch.changes[0].op, wire::Op::Insert);
+    assert!(!slot.join("recorded-002.input.json").exists());
+    let _ = std::fs::remove_dir_all(&out);
+    let _ = std::fs::remove_dir_all(&slot);
+}
+
 #[test]
 fn records_dead_letters_from_a_state_file() {
     let dir = temp_dir("dead");

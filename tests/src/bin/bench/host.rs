@@ -24,6 +24,33 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     Some((utime + stime) / 100.0)
 }
 
+/// CPU seconds of each thread of a process, summed by thread name
+/// (`/proc/PID/task/TID/stat`); threads that ended are not counted.
+pub fn thread_cpu(pid: u32) -> std::collections::BTreeMap<String, f64> {
+    let mut by_name = std::collections::BTreeMap::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return by_name;
+    };
+    for task in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue;
+        };
+        let Some((head, tail)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let name = head.split_once('(').map_or("", |(_, n)| n).to_string();
+        let fields: Vec<&str> = tail.split_whitespace().collect();
+        let ticks = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|f| f.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        *by_name.entry(name).or_insert(0.0) += (ticks(11) + ticks(12)) / 100.0;
+    }
+    by_name
+}
+
 /// A `/proc/PID/status` figure in bytes (`VmRSS`, `VmHWM`).
 pub fn memory(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;

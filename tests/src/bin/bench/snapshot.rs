@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 
-use crate::host::{Host, PipelineDef};
+use crate::host::{Host, PipelineDef, cpu_seconds, thread_cpu};
 use crate::{Bench, PUBLICATION, ROW, Table, Transport, grouped, median};
 
 /// Rows copied and how long it took.
@@ -26,12 +26,16 @@ pub async fn run(bench: &mut Bench) -> Table {
         .expect("creating the snapshot table");
     let mut copy_times = Vec::new();
     let mut datum_times = Vec::new();
+    let mut datum_cpu = Vec::new();
     for rep in 0..bench.args.reps {
         copy_times.push(copy_out(bench).await.as_secs_f64());
-        datum_times.push(backfill(bench, rep, rows).await.as_secs_f64());
+        let (took, cpu) = backfill(bench, rep, rows).await;
+        datum_times.push(took.as_secs_f64());
+        datum_cpu.push(cpu);
     }
     let copy = median(copy_times);
     let datum = median(datum_times);
+    let cpu = median(datum_cpu);
     let mut table = Table::new(
         format!(
             "Snapshot: {} rows (5 columns) copied by a backfill through identity into the file \
@@ -40,19 +44,21 @@ pub async fn run(bench: &mut Bench) -> Table {
             grouped(rows as f64),
             bench.args.reps
         ),
-        &["what", "seconds", "rows/s", "ratio"],
+        &["what", "seconds", "rows/s", "ratio", "host CPU s"],
     );
     table.row(vec![
         "COPY TO STDOUT".into(),
         format!("{copy:.2}"),
         grouped(rows as f64 / copy),
         "1.00×".into(),
+        "—".into(),
     ]);
     table.row(vec![
         "datum backfill".into(),
         format!("{datum:.2}"),
         grouped(rows as f64 / datum),
         format!("{:.2}×", copy / datum),
+        format!("{cpu:.2}"),
     ]);
     table
 }
@@ -75,8 +81,9 @@ async fn copy_out(bench: &Bench) -> Duration {
 }
 
 /// A host streaming the publication (changes only) is asked to backfill
-/// `snap`; the time until its progress is checkpointed as done.
-async fn backfill(bench: &Bench, rep: usize, rows: u64) -> Duration {
+/// `snap`; the time until its progress is checkpointed as done, and the
+/// host's CPU seconds meanwhile (by thread on stderr).
+async fn backfill(bench: &Bench, rep: usize, rows: u64) -> (Duration, f64) {
     let slot = format!("snap_{rep}");
     bench.create_slot(&slot, "pgoutput").await;
     let name = format!("s_{rep}");
@@ -94,6 +101,8 @@ async fn backfill(bench: &Bench, rep: usize, rows: u64) -> Duration {
         }],
     )
     .await;
+    let threads_before = thread_cpu(host.pid());
+    let cpu_before = cpu_seconds(host.pid()).unwrap_or(0.0);
     let started = Instant::now();
     host.backfill(&name, &["public.snap"]).await;
     let deadline = started + Duration::from_secs(1800);
@@ -112,8 +121,20 @@ async fn backfill(bench: &Bench, rep: usize, rows: u64) -> Duration {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let elapsed = started.elapsed();
+    let cpu = cpu_seconds(host.pid()).unwrap_or(0.0) - cpu_before;
+    let threads: Vec<String> = thread_cpu(host.pid())
+        .into_iter()
+        .map(|(name, after)| (after - threads_before.get(&name).unwrap_or(&0.0), name))
+        .filter(|(used, _)| *used > 0.0)
+        .map(|(used, name)| format!("{name} {used:.2}"))
+        .collect();
+    eprintln!(
+        "  backfill rep {rep}: {:.2} s, host CPU {cpu:.2} s ({})",
+        elapsed.as_secs_f64(),
+        threads.join(", ")
+    );
     host.stop();
     bench.drop_slots().await;
     let _ = std::fs::remove_dir_all(&dir);
-    elapsed
+    (elapsed, cpu)
 }
