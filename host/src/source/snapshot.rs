@@ -42,6 +42,8 @@ pub(crate) struct SnapshotTable {
     /// The planner's estimate of its rows (`pg_class.reltuples`; 0 when
     /// never analysed).
     pub estimate: u64,
+    /// The role that reads it (for the GRANT to run when it may not).
+    pub role: String,
 }
 
 /// Rows of one chunk, in key order.
@@ -121,7 +123,7 @@ pub(crate) async fn describe(client: &Client, name: &str) -> Result<SnapshotTabl
     let row = client
         .query_opt(
             "SELECT c.oid, c.relreplident::text, greatest(c.reltuples, 0)::float8, \
-                    has_table_privilege(c.oid, 'SELECT') \
+                    has_table_privilege(c.oid, 'SELECT'), current_user::text \
              FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
              WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')",
             &[&schema, &table],
@@ -137,14 +139,9 @@ pub(crate) async fn describe(client: &Client, name: &str) -> Result<SnapshotTabl
     let oid: u32 = row.get(0);
     let replident: String = row.get(1);
     let estimate: f64 = row.get(2);
+    let role: String = row.get(4);
     if !row.get::<_, bool>(3) {
-        return Err(SourceError::Requirement {
-            problem: format!("the source role may not read {name}"),
-            fix: format!(
-                "GRANT SELECT ON {} TO the role in source.url",
-                sql_name(name)
-            ),
-        });
+        return Err(unreadable(name, &role));
     }
     let columns = client
         .query(
@@ -262,7 +259,20 @@ pub(crate) async fn describe(client: &Client, name: &str) -> Result<SnapshotTabl
         }),
         key,
         estimate: estimate as u64,
+        role,
     })
+}
+
+/// The source role may not (or no longer) read the table.
+fn unreadable(name: &str, role: &str) -> SourceError {
+    SourceError::Requirement {
+        problem: format!("the source role {role} may not read {name}"),
+        fix: format!(
+            "GRANT SELECT ON {} TO {}, then backfill {name}",
+            sql_name(name),
+            quote_ident(role)
+        ),
+    }
 }
 
 /// The table went away between two statements of its copy.
@@ -329,13 +339,7 @@ pub(crate) async fn read_chunk(
     let messages = client.simple_query(&sql).await.map_err(|e| {
         match e.as_db_error().map(|d| d.code().code()) {
             Some("42P01") => dropped(&table.name),
-            Some("42501") => SourceError::Requirement {
-                problem: format!("the source role may no longer read {}", table.name),
-                fix: format!(
-                    "GRANT SELECT ON {} TO the role in source.url, then backfill it",
-                    sql_name(&table.name)
-                ),
-            },
+            Some("42501") => unreadable(&table.name, &table.role),
             _ => SourceError::Sql(e),
         }
     })?;

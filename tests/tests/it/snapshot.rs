@@ -772,6 +772,95 @@ async fn a_table_dropped_or_truncated_during_its_copy() {
     wait_equal(&src, &dst, "SELECT * FROM truncated ORDER BY id", &host, 30).await;
 }
 
+/// A role that loses SELECT on a table during its copy: the table fails
+/// with the GRANT to run, the pipeline goes on; once granted again, a
+/// backfill finishes the copy and the sink equals the source.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_that_loses_its_select_privilege_fails_with_the_grant_to_run() {
+    let pg = cluster();
+    let (src, dst) = two_databases(&pg).await;
+    for db in [&src, &dst] {
+        db.batch_execute("CREATE TABLE guarded (id int PRIMARY KEY, v text)")
+            .await
+            .expect("schema");
+    }
+    src.batch_execute(
+        "INSERT INTO guarded SELECT g, 'g' || g FROM generate_series(1, 100000) g;
+         CREATE ROLE copier LOGIN REPLICATION;
+         GRANT SELECT ON guarded TO copier;
+         CREATE PUBLICATION datum_p FOR TABLE guarded",
+    )
+    .await
+    .expect("rows, role and publication");
+    let dir = temp_dir("snapshot-revoked");
+    let port = free_port();
+    let source = pg.conninfo("src").replace("user=postgres", "user=copier");
+    assert!(source.contains("user=copier"), "{source}");
+    let config = config(
+        &source,
+        &pg.conninfo("dst"),
+        &dir,
+        port,
+        &["public.guarded"],
+        "[pipeline.snapshot]\nchunk_size = 200\n",
+    );
+    let host = Host::start(&dir, &config);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let entries = snapshots(port).await;
+        if entries.iter().any(|e| {
+            e["table"] == "public.guarded"
+                && e["state"] == "copying"
+                && e["rows"].as_u64().unwrap_or(0) > 0
+        }) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not copying: {entries:?}\n{}",
+            host.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    src.batch_execute("REVOKE SELECT ON guarded FROM copier")
+        .await
+        .expect("revoke");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let failed = loop {
+        let entries = snapshots(port).await;
+        if let Some(e) = entries
+            .iter()
+            .find(|e| e["table"] == "public.guarded" && e["state"] == "failed")
+        {
+            break e.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the table did not fail: {entries:?}\n{}",
+            host.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let error = failed["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("copier may not read public.guarded")
+            && error.contains(r#"GRANT SELECT ON "public"."guarded" TO "copier", then backfill"#),
+        "the error names the role, the table and the GRANT: {error}"
+    );
+    // The pipeline goes on streaming.
+    src.batch_execute("UPDATE guarded SET v = 'live' WHERE id = 1")
+        .await
+        .expect("update");
+    // Granted again, a backfill finishes the table.
+    src.batch_execute("GRANT SELECT ON guarded TO copier")
+        .await
+        .expect("grant");
+    let (code, body) = post_backfill(port, serde_json::json!({"tables": ["public.guarded"]})).await;
+    assert_eq!(code, 202, "{body}");
+    wait_done(port, &host, &["public.guarded"], 120).await;
+    wait_equal(&src, &dst, "SELECT * FROM guarded ORDER BY id", &host, 60).await;
+}
+
 /// `datum run` at a terminal draws a progress bar per table copying (the
 /// log lines go above the bars, not through them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
