@@ -23,9 +23,13 @@
 //! the server infers every parameter's type from the target column, so any
 //! type the target can read from text works (numeric, timestamps, json,
 //! bytea, arrays, uuid, interval, enums, domains, extension types).
-//! Statements are prepared once per connection and SQL text.
+//! Statements are prepared once per connection and SQL text. A batch's
+//! statements are planned first, then sent pipelined (up to `PIPELINE`
+//! before the first answer is awaited, in order, in the batch's one
+//! transaction), so a batch of many rows costs the server's work, not a
+//! round trip per row.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::error::Error as _;
 use std::fmt;
 
@@ -109,6 +113,11 @@ impl PostgresSink {
     }
 
     async fn apply(&mut self, batch: &Transformed) -> Result<(), Failure> {
+        let mut plan = Vec::new();
+        for change in batch.changes() {
+            plan_change(&self.routes, &change.to_wire(), &mut plan)?;
+        }
+        let plan = coalesce(plan);
         let client = self.client.as_mut().ok_or_else(|| Failure {
             error: SinkError::transient("not connected to the target database"),
             lost: true,
@@ -117,15 +126,90 @@ impl PostgresSink {
             .transaction()
             .await
             .map_err(|e| failure(e, "starting a transaction", None))?;
-        for change in batch.changes() {
-            let change = change.to_wire();
-            apply_change(&tx, &mut self.statements, &self.routes, &change).await?;
+        for planned in plan.iter().filter(|p| !p.simple) {
+            if !self.statements.contains_key(&planned.sql) {
+                let statement = tx
+                    .prepare(&planned.sql)
+                    .await
+                    .map_err(|e| failure(e, "preparing a statement", planned.target.as_ref()))?;
+                self.statements.insert(planned.sql.clone(), statement);
+            }
+        }
+        let mut rest = plan.as_slice();
+        while let Some(first) = rest.first() {
+            if first.simple {
+                tx.batch_execute(&first.sql)
+                    .await
+                    .map_err(|e| failure(e, "truncating", first.target.as_ref()))?;
+                rest = &rest[1..];
+                continue;
+            }
+            let run = rest.iter().take(PIPELINE).take_while(|p| !p.simple).count();
+            pipeline(&tx, &self.statements, &rest[..run]).await?;
+            rest = &rest[run..];
         }
         tx.commit()
             .await
             .map_err(|e| failure(e, "committing", None))?;
         Ok(())
     }
+}
+
+/// Statements sent before the first answer is awaited: one round trip per
+/// this many rows instead of one per row.
+const PIPELINE: usize = 64;
+
+/// Sends `run` (prepared statements) one after the other without waiting
+/// for answers in between, and reports the first that failed. Order is
+/// kept: each is sent when first polled, and they are first polled in
+/// order; the server runs them in the order received, and after a failure
+/// the rest fail as part of the aborted transaction.
+async fn pipeline(
+    tx: &Transaction<'_>,
+    statements: &HashMap<String, Statement>,
+    run: &[Planned],
+) -> Result<(), Failure> {
+    let mut sends = Vec::with_capacity(run.len());
+    for planned in run {
+        let statement = statements.get(&planned.sql).ok_or_else(|| {
+            Failure::from(SinkError::transient(
+                "a statement was not prepared before it was sent",
+            ))
+        })?;
+        sends.push(Box::pin(async move {
+            let params: Vec<&(dyn ToSql + Sync)> = planned
+                .params
+                .iter()
+                .map(|p| p as &(dyn ToSql + Sync))
+                .collect();
+            tx.execute(statement, &params).await
+        }));
+    }
+    let mut done: Vec<Option<Result<u64, tokio_postgres::Error>>> =
+        sends.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (send, slot) in sends.iter_mut().zip(done.iter_mut()) {
+            if slot.is_none() {
+                match send.as_mut().poll(cx) {
+                    std::task::Poll::Ready(result) => *slot = Some(result),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    for (result, planned) in done.into_iter().zip(run) {
+        if let Some(Err(e)) = result {
+            return Err(failure(e, "writing", planned.target.as_ref()));
+        }
+    }
+    Ok(())
 }
 
 impl Sink for PostgresSink {
@@ -275,12 +359,8 @@ impl Routes {
 // ---------------------------------------------------------------------------
 // Statements.
 
-async fn apply_change(
-    tx: &Transaction<'_>,
-    statements: &mut HashMap<String, Statement>,
-    routes: &Routes,
-    change: &Change,
-) -> Result<(), Failure> {
+/// Appends the statements that apply `change` to `plan`.
+fn plan_change(routes: &Routes, change: &Change, plan: &mut Vec<Planned>) -> Result<(), Failure> {
     match change.op {
         Op::Message => Ok(()),
         Op::Truncate => {
@@ -311,10 +391,14 @@ async fn apply_change(
             if truncate.cascade {
                 sql.push_str(" CASCADE");
             }
-            let first = (targets.len() == 1).then(|| &targets[0]);
-            tx.batch_execute(&sql)
-                .await
-                .map_err(|e| failure(e, "truncating", first))
+            plan.push(Planned {
+                sql,
+                params: Vec::new(),
+                target: (targets.len() == 1).then(|| targets[0].clone()),
+                simple: true,
+                upsert: None,
+            });
+            Ok(())
         }
         Op::Insert | Op::Update | Op::Snapshot | Op::Delete => {
             let target = routes.target(&change.schema, &change.table, change.route.as_deref());
@@ -329,13 +413,12 @@ async fn apply_change(
                 .into());
             }
             let mut exec = Exec {
-                tx,
-                statements,
+                plan,
                 target: &target,
             };
             if change.op == Op::Delete {
                 let old = row(change, change.old.as_ref(), "old")?;
-                return exec.delete(&keys, old).await;
+                return exec.delete(&keys, old);
             }
             let new = row(change, change.new.as_ref(), "new")?;
             let old = change.old.as_ref();
@@ -347,13 +430,13 @@ async fn apply_change(
             });
             let partial = new.fields().iter().any(|(_, v)| *v == Value::Unchanged);
             match (partial, key_changed, old) {
-                (true, true, Some(old)) => exec.update(&keys, Some(old), new).await,
-                (true, _, _) => exec.update(&keys, None, new).await,
+                (true, true, Some(old)) => exec.update(&keys, Some(old), new),
+                (true, _, _) => exec.update(&keys, None, new),
                 (false, true, Some(old)) => {
-                    exec.delete(&keys, old).await?;
-                    exec.upsert(&keys, new).await
+                    exec.delete(&keys, old)?;
+                    exec.upsert(&keys, new)
                 }
-                (false, _, _) => exec.upsert(&keys, new).await,
+                (false, _, _) => exec.upsert(&keys, new),
             }
         }
     }
@@ -368,32 +451,124 @@ fn row<'a>(change: &Change, row: Option<&'a Row>, which: &str) -> Result<&'a Row
     })
 }
 
-struct Exec<'a, 't> {
-    tx: &'a Transaction<'t>,
-    statements: &'a mut HashMap<String, Statement>,
+/// One statement of a batch, planned before any is sent.
+struct Planned {
+    sql: String,
+    params: Vec<PgText>,
+    /// The target table, to say what to fix when it fails.
+    target: Option<Target>,
+    /// Sent as a simple query on its own (a truncate), not prepared.
+    simple: bool,
+    /// A one-row upsert's parts, to join it with the next ones.
+    upsert: Option<Upsert>,
+}
+
+/// A one-row upsert is `{head}($1, ...){tail}`; `key` are the positions of
+/// the key's values among its parameters.
+struct Upsert {
+    head: String,
+    tail: String,
+    key: Vec<usize>,
+}
+
+/// Rows at most in one upsert statement (fewer when the row has so many
+/// columns that the parameters would pass the protocol's 65,535).
+const ROWS_PER_UPSERT: usize = 100;
+
+/// Joins runs of one-row upserts of the same SQL into multi-row upserts
+/// (`VALUES (...), (...)`): one statement for up to `ROWS_PER_UPSERT`
+/// rows. A run is cut before a key it already holds, since one statement
+/// may not upsert a row twice; order is kept, since only consecutive
+/// statements are joined.
+fn coalesce(plan: Vec<Planned>) -> Vec<Planned> {
+    let mut out = Vec::with_capacity(plan.len());
+    let mut run: Vec<Planned> = Vec::new();
+    let mut keys: HashSet<Vec<Option<String>>> = HashSet::new();
+    for planned in plan {
+        let key = planned.upsert.as_ref().map(|u| {
+            u.key
+                .iter()
+                .map(|i| planned.params.get(*i).and_then(|p| p.0.clone()))
+                .collect::<Vec<_>>()
+        });
+        let joins = run.first().is_some_and(|first| {
+            first.sql == planned.sql
+                && run.len() < ROWS_PER_UPSERT.min(65_535 / planned.params.len().max(1))
+                && key.as_ref().is_some_and(|k| !keys.contains(k))
+        });
+        if !joins {
+            flush(&mut run, &mut out);
+            keys.clear();
+        }
+        match key {
+            Some(key) => {
+                keys.insert(key);
+                run.push(planned);
+            }
+            None => out.push(planned),
+        }
+    }
+    flush(&mut run, &mut out);
+    out
+}
+
+/// Appends `run` (one-row upserts of one SQL) to `out` as one statement.
+fn flush(run: &mut Vec<Planned>, out: &mut Vec<Planned>) {
+    if run.len() < 2 {
+        out.append(run);
+        return;
+    }
+    let Some(Planned {
+        upsert: Some(Upsert { head, tail, .. }),
+        target,
+        params,
+        ..
+    }) = run.first()
+    else {
+        out.append(run);
+        return;
+    };
+    let columns = params.len();
+    let mut sql = head.clone();
+    let tail = tail.clone();
+    let target = target.clone();
+    let mut params = Vec::with_capacity(run.len() * columns);
+    for (r, planned) in run.drain(..).enumerate() {
+        sql.push_str(if r == 0 { "(" } else { ", (" });
+        for c in 0..columns {
+            if c > 0 {
+                sql.push_str(", ");
+            }
+            sql.push_str(&format!("${}", r * columns + c + 1));
+        }
+        sql.push(')');
+        params.extend(planned.params);
+    }
+    sql.push_str(&tail);
+    out.push(Planned {
+        sql,
+        params,
+        target,
+        simple: false,
+        upsert: None,
+    });
+}
+
+struct Exec<'a> {
+    plan: &'a mut Vec<Planned>,
     target: &'a Target,
 }
 
-impl Exec<'_, '_> {
-    async fn run(&mut self, sql: String, params: &[PgText]) -> Result<u64, Failure> {
-        let statement = match self.statements.get(&sql) {
-            Some(statement) => statement.clone(),
-            None => {
-                let statement = self
-                    .tx
-                    .prepare(&sql)
-                    .await
-                    .map_err(|e| failure(e, "preparing a statement", Some(self.target)))?;
-                self.statements.insert(sql, statement.clone());
-                statement
-            }
-        };
-        let params: Vec<&(dyn ToSql + Sync)> =
-            params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
-        self.tx
-            .execute(&statement, &params)
-            .await
-            .map_err(|e| failure(e, "writing", Some(self.target)))
+impl Exec<'_> {
+    fn run(&mut self, sql: String, params: Vec<PgText>) -> Result<(), Failure> {
+        self.plan.push(Planned {
+            sql,
+            params,
+            target: Some(self.target.clone()),
+            simple: false,
+            upsert: None,
+        });
+        Ok(())
     }
 
     /// `WHERE k1 = $n AND ...` with the key's values from `row`, numbering
@@ -418,14 +593,14 @@ impl Exec<'_, '_> {
         Ok(filter.join(" AND "))
     }
 
-    async fn delete(&mut self, keys: &[&Column], old: &Row) -> Result<(), Failure> {
+    fn delete(&mut self, keys: &[&Column], old: &Row) -> Result<(), Failure> {
         let mut params = Vec::new();
         let filter = self.key_filter(keys, old, &mut params)?;
         let sql = format!("DELETE FROM {} WHERE {filter}", self.target.sql());
-        self.run(sql, &params).await.map(drop)
+        self.run(sql, params)
     }
 
-    async fn upsert(&mut self, keys: &[&Column], new: &Row) -> Result<(), Failure> {
+    fn upsert(&mut self, keys: &[&Column], new: &Row) -> Result<(), Failure> {
         for key in keys {
             if !new.contains(&key.name) {
                 return Err(SinkError::definite(format!(
@@ -452,14 +627,24 @@ impl Exec<'_, '_> {
         } else {
             format!("UPDATE SET {}", set.join(", "))
         };
-        let sql = format!(
-            "INSERT INTO {} ({}) VALUES ({}) ON CONFLICT ({}) DO {action}",
+        let head = format!(
+            "INSERT INTO {} ({}) VALUES ",
             self.target.sql(),
-            names.join(", "),
-            placeholders.join(", "),
-            conflict.join(", ")
+            names.join(", ")
         );
-        self.run(sql, &params).await.map(drop)
+        let tail = format!(" ON CONFLICT ({}) DO {action}", conflict.join(", "));
+        let key = keys
+            .iter()
+            .filter_map(|k| new.names().position(|n| n == k.name))
+            .collect();
+        self.plan.push(Planned {
+            sql: format!("{head}({}){tail}", placeholders.join(", ")),
+            params,
+            target: Some(self.target.clone()),
+            simple: false,
+            upsert: Some(Upsert { head, tail, key }),
+        });
+        Ok(())
     }
 
     /// Sets the columns `new` has (leaving unchanged TOAST values alone) on
@@ -471,7 +656,7 @@ impl Exec<'_, '_> {
     /// key is a later state that the replay rebuilds. Without an old row the
     /// move already happened, and the row at the new key is the only holder
     /// of the unchanged value.
-    async fn update(
+    fn update(
         &mut self,
         keys: &[&Column],
         moved_from: Option<&Row>,
@@ -485,7 +670,7 @@ impl Exec<'_, '_> {
             let sql = format!(
                 "DELETE FROM {table} WHERE {at_new} AND EXISTS (SELECT 1 FROM {table} WHERE {at_old})"
             );
-            self.run(sql, &params).await?;
+            self.run(sql, params)?;
         }
         let mut params = Vec::new();
         let mut set = Vec::new();
@@ -502,7 +687,7 @@ impl Exec<'_, '_> {
             self.target.sql(),
             set.join(", ")
         );
-        self.run(sql, &params).await.map(drop)
+        self.run(sql, params)
     }
 }
 

@@ -286,3 +286,68 @@ async fn a_missing_table_is_definite_and_a_lost_connection_transient() {
         ["1 | one", "2 | two", "3 | three"]
     );
 }
+
+/// A batch's upserts are joined into multi-row statements and sent
+/// pipelined: the target still applies them in order. Consecutive upserts
+/// of one key (which one statement could not hold), a delete between
+/// upserts, more rows than one statement holds, and a failing statement
+/// deep in the pipeline (reported for its own table, the batch rolled back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn joined_and_pipelined_upserts_apply_in_order_and_fail_as_one_batch() {
+    let pg = cluster();
+    pg.create_database("target").expect("target database");
+    let target = connect(&pg.conninfo("target")).await;
+    sql(&target, &["CREATE TABLE t (id int PRIMARY KEY, name text)"]).await;
+    let mut sink = PostgresSink::connect(&pg.conninfo("target"), None, BTreeMap::new())
+        .await
+        .expect("connects");
+
+    let mut changes = Vec::new();
+    for id in 1..=250 {
+        changes.push(insert("public", "t", id, "first", None));
+    }
+    // The same key twice in a row, then once more after other keys.
+    changes.push(insert("public", "t", 7, "second", None));
+    changes.push(insert("public", "t", 7, "third", None));
+    changes.push(insert("public", "t", 8, "second", None));
+    changes.push(insert("public", "t", 7, "fourth", None));
+    // Deleted between two upserts of it, then upserted again: present.
+    let mut delete = Change::new(Op::Delete, "public", "t");
+    delete.columns = insert("public", "t", 9, "", None).columns;
+    delete.old = Some(Row::from_fields(vec![("id".into(), Value::Int(9))]));
+    changes.push(delete.clone());
+    changes.push(insert("public", "t", 9, "back", None));
+    // Deleted last: absent.
+    let mut gone = delete.clone();
+    gone.old = Some(Row::from_fields(vec![("id".into(), Value::Int(10))]));
+    changes.push(insert("public", "t", 10, "second", None));
+    changes.push(gone);
+    sink.write(&wire_batch(changes)).await.expect("writes");
+
+    let count = rows(&target, "SELECT count(*) FROM t").await;
+    assert_eq!(count, ["249"]);
+    let named = rows(
+        &target,
+        "SELECT id || '=' || name FROM t WHERE id IN (1, 7, 8, 9, 10, 250) ORDER BY id",
+    )
+    .await;
+    assert_eq!(
+        named,
+        ["1=first", "7=fourth", "8=second", "9=back", "250=first"]
+    );
+
+    // A failure after 300 good rows: named, definite, nothing applied.
+    let mut failing = Vec::new();
+    for id in 1000..1300 {
+        failing.push(insert("public", "t", id, "rolled back", None));
+    }
+    failing.push(insert("public", "absent", 1, "x", None));
+    failing.push(insert("public", "t", 2000, "rolled back", None));
+    let err = sink
+        .write(&wire_batch(failing))
+        .await
+        .expect_err("no such table");
+    assert!(!err.is_transient(), "{err}");
+    assert!(err.to_string().contains("public.absent"), "{err}");
+    assert_eq!(rows(&target, "SELECT count(*) FROM t").await, ["249"]);
+}

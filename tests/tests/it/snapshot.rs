@@ -181,7 +181,7 @@ async fn writer(url: String, rows: u64, stop: tokio::sync::watch::Receiver<bool>
 async fn a_table_copied_while_a_writer_changes_it_ends_equal_to_the_source() {
     let pg = cluster();
     let (src, dst) = two_databases(&pg).await;
-    const ROWS: u64 = 200_000;
+    const ROWS: u64 = 1_000_000;
     src.batch_execute(&format!(
         "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL, note text); \
          INSERT INTO t SELECT g, g % 97, 'row ' || g FROM generate_series(1, {ROWS}) g"
@@ -196,7 +196,7 @@ async fn a_table_copied_while_a_writer_changes_it_ends_equal_to_the_source() {
         &pg,
         "snapshot-writer",
         &["public.t"],
-        "[pipeline.snapshot]\nchunk_size = 2000\n",
+        "[pipeline.snapshot]\nchunk_size = 5000\n",
     );
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let writing = tokio::spawn(writer(pg.conninfo("src"), ROWS, stopped));
@@ -212,7 +212,7 @@ async fn a_table_copied_while_a_writer_changes_it_ends_equal_to_the_source() {
         .find(|e| e["table"] == "public.t")
         .expect("an entry");
     assert!(
-        entry["chunks"].as_u64().unwrap_or(0) >= ROWS / 2000,
+        entry["chunks"].as_u64().unwrap_or(0) >= ROWS / 5000,
         "copied in chunks: {entry}"
     );
     let count = wait_equal(&src, &dst, "SELECT * FROM t ORDER BY id", &host, 120).await;
