@@ -73,6 +73,9 @@ pub struct Snapshots {
     requests: mpsc::Sender<Backfill>,
     /// Taken by `run`.
     requests_rx: Mutex<Option<mpsc::Receiver<Backfill>>>,
+    /// The latest checkpoint made durable: a copy reads ahead only so far
+    /// past it (`CHUNKS_IN_FLIGHT`).
+    durable: tokio::sync::watch::Sender<Lsn>,
 }
 
 /// A backfill asked for on a running pipeline (the admin API).
@@ -142,7 +145,12 @@ struct Ready {
 enum Placed {
     /// Its rows went into the stream; `dropped` of them were left out
     /// because the stream changed their keys between the watermarks.
-    Emitted { emitted: u64, dropped: u64 },
+    Emitted {
+        emitted: u64,
+        dropped: u64,
+        /// The end of the batch that carries them.
+        at: Lsn,
+    },
     /// Its low watermark was not seen in this run: read it again.
     Lost,
 }
@@ -184,6 +192,7 @@ impl Snapshots {
             inner: Mutex::new(Inner::default()),
             requests,
             requests_rx: Mutex::new(Some(requests_rx)),
+            durable: tokio::sync::watch::Sender::new(Lsn::ZERO),
         })
     }
 
@@ -391,6 +400,12 @@ impl Snapshots {
         let mut inner = self.lock();
         let later = inner.ledger.split_off(&Lsn(lsn.0.saturating_add(1)));
         inner.ledger = later;
+        drop(inner);
+        self.durable.send_if_modified(|durable| {
+            let moved = lsn > *durable;
+            *durable = (*durable).max(lsn);
+            moved
+        });
     }
 }
 
@@ -490,6 +505,7 @@ fn place(inner: &mut Inner, chunk: Chunk, lsn: Lsn, out: &mut Vec<Change>) -> Op
             let _ = answer.send(Placed::Emitted {
                 emitted,
                 dropped: total - emitted,
+                at: lsn,
             });
         }
         return Some(ready.bytes);
@@ -504,6 +520,7 @@ fn place(inner: &mut Inner, chunk: Chunk, lsn: Lsn, out: &mut Vec<Change>) -> Op
         let _ = answer.send(Placed::Emitted {
             emitted,
             dropped: total - emitted,
+            at: lsn,
         });
     }
     Some(ready.bytes)
@@ -740,12 +757,15 @@ async fn copy_table(
     }
 }
 
-/// Chunks of one table read ahead of their placing: the next chunk is read
-/// while the previous one travels the stream to its high watermark.
+/// Chunks of one table between the start of their reading and the
+/// checkpoint that carries them: the next chunk is read while the previous
+/// one travels the stream, the modules and the sink, but no further ahead,
+/// so live changes queue behind at most this many chunks.
 const CHUNKS_IN_FLIGHT: usize = 2;
 
 /// Chunk after chunk until a short one: low watermark, read, high
-/// watermark; up to `CHUNKS_IN_FLIGHT` chunks wait to be placed at once.
+/// watermark; up to `CHUNKS_IN_FLIGHT` chunks are read and not yet
+/// checkpointed at once.
 /// `progress` moves only once a chunk is placed, in order, so a retry reads
 /// again from the last chunk placed (a chunk placed twice is harmless: its
 /// rows are the same or newer).
@@ -763,8 +783,24 @@ async fn copy_chunks(
     let mut in_flight: VecDeque<(u64, oneshot::Receiver<Placed>, SnapshotProgress)> =
         VecDeque::new();
     let mut estimate = 0;
+    // Chunks placed, by the end of the batch that carries them, until the
+    // checkpoint passes it.
+    let mut placed_at: VecDeque<Lsn> = VecDeque::new();
+    let mut durable = snapshots.durable.subscribe();
     loop {
-        if read.state != TableState::Done && in_flight.len() < CHUNKS_IN_FLIGHT {
+        let checkpointed = *durable.borrow_and_update();
+        placed_at.retain(|at| *at > checkpointed);
+        if read.state != TableState::Done
+            && in_flight.is_empty()
+            && placed_at.len() >= CHUNKS_IN_FLIGHT
+        {
+            if durable.changed().await.is_err() {
+                // The pipeline is stopping.
+                return Ok(());
+            }
+            continue;
+        }
+        if read.state != TableState::Done && in_flight.len() + placed_at.len() < CHUNKS_IN_FLIGHT {
             let table = reader::describe(&client, &read.table).await?;
             estimate = table.estimate;
             snapshots.set_live(&read.table, |live| live.estimate = table.estimate);
@@ -785,9 +821,14 @@ async fn copy_chunks(
             return Ok(());
         };
         match placed.await {
-            Ok(Placed::Emitted { emitted, dropped }) => {
+            Ok(Placed::Emitted {
+                emitted,
+                dropped,
+                at,
+            }) => {
                 tracing::debug!(pipeline = %snapshots.pipeline, table = %progress.table, emitted, dropped, "snapshot chunk placed");
                 *progress = next;
+                placed_at.push_back(at);
             }
             // Its low watermark was not seen: read again from the last
             // chunk placed (the chunks after it were dropped with it).
