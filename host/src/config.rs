@@ -731,6 +731,48 @@ impl Config {
     }
 }
 
+/// What `datum admin --config` reads of a host's configuration: the state
+/// file's path and `[admin]`. The pipelines are not read, so their `${VAR}`s
+/// (the sources' passwords) need not be set where the admin client runs.
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct AdminConfig {
+    #[serde(default = "default_state")]
+    pub state: Text,
+    pub admin: Option<AdminSpec>,
+}
+
+impl AdminConfig {
+    /// Reads the file at `path`; relative paths are resolved as `datum run`
+    /// resolves them.
+    pub(crate) fn load(path: &Path) -> Result<AdminConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        let mut config = AdminConfig::parse(&text).map_err(|message| ConfigError::Invalid {
+            path: path.to_owned(),
+            message,
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let resolve = |text: &mut Text| {
+            let path = Path::new(&text.0);
+            if path.is_relative() {
+                text.0 = base.join(path).to_string_lossy().into_owned();
+            }
+        };
+        resolve(&mut config.state);
+        if let Some(file) = config.admin.as_mut().and_then(|a| a.token_file.as_mut()) {
+            resolve(file);
+        }
+        Ok(config)
+    }
+
+    /// Parses a configuration's text for its state path and `[admin]`.
+    pub(crate) fn parse(text: &str) -> Result<AdminConfig, String> {
+        toml::from_str(text).map_err(|e| toml_error(text, &e))
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Parse errors, without the secrets of the line they quote.
 

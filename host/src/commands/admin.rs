@@ -22,7 +22,7 @@ use sha2::{Digest, Sha256};
 
 use crate::event::ordered::{Ordered, to_pretty};
 
-use crate::config::Config;
+use crate::config::AdminConfig;
 
 /// The API's address when neither `--url` nor `--config` gives one.
 pub(crate) const DEFAULT_URL: &str = "http://127.0.0.1:7070";
@@ -282,7 +282,7 @@ pub(crate) fn resolve(
     let config = match &connection.config {
         Some(path) => Some((
             path.as_path(),
-            Config::load(path).map_err(|e| ClientError::Usage(e.to_string()))?,
+            AdminConfig::load(path).map_err(|e| ClientError::Usage(e.to_string()))?,
         )),
         None => None,
     };
@@ -298,7 +298,7 @@ pub(crate) fn resolve(
 /// through `read`.
 fn resolve_with(
     connection: &Connection,
-    config: Option<(&Path, &Config)>,
+    config: Option<(&Path, &AdminConfig)>,
     env_token: Option<String>,
     read: impl Fn(&Path) -> std::io::Result<String>,
 ) -> Result<Target, ClientError> {
@@ -1457,12 +1457,22 @@ state = "/var/lib/datum/state.redb"
 
 [[pipeline]]
 name = "shop"
-source.url = "postgres://localhost/app"
+source.url = "postgres://u:${DATUM_TEST_UNSET_PASSWORD}@localhost/app"
 sink.type = "stdout"
 "#;
 
-    fn config(admin: &str) -> Config {
-        Config::parse(&format!("{CONFIG}\n{admin}")).expect("parses")
+    fn config(admin: &str) -> AdminConfig {
+        AdminConfig::parse(&format!("{CONFIG}\n{admin}")).expect("parses")
+    }
+
+    #[test]
+    fn the_admin_client_reads_only_admin_so_source_passwords_need_not_be_set() {
+        // `datum run` needs the variable; the admin client does not.
+        let run = crate::config::Config::parse(CONFIG).unwrap_err();
+        assert!(run.contains("DATUM_TEST_UNSET_PASSWORD"), "{run}");
+        let admin = config("[admin]\ntoken = \"t\"");
+        assert_eq!(admin.state.0, "/var/lib/datum/state.redb");
+        assert!(admin.admin.is_some());
     }
 
     fn token_file(path: &Path) -> std::io::Result<String> {
@@ -1476,7 +1486,7 @@ sink.type = "stdout"
 
     fn with_config(
         connection: &Connection,
-        config: &Config,
+        config: &AdminConfig,
         env: Option<&str>,
         read: impl Fn(&Path) -> std::io::Result<String>,
     ) -> Result<Target, ClientError> {
