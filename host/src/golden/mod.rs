@@ -311,7 +311,12 @@ pub enum Outcome {
     /// There is no expected file (and blessing was not asked for).
     MissingExpected,
     /// The expected file was written from the actual output.
-    Blessed,
+    Blessed {
+        /// The expected file written.
+        path: PathBuf,
+        /// It did not exist before (else it was rewritten).
+        created: bool,
+    },
 }
 
 /// A case's result.
@@ -419,7 +424,10 @@ impl Runner {
             Some(_) if bless => {
                 std::fs::write(&case.expected_path, actual.to_expected_json())
                     .map_err(io(&case.expected_path))?;
-                Outcome::Blessed
+                Outcome::Blessed {
+                    path: case.expected_path.clone(),
+                    created: case.expected.is_none(),
+                }
             }
             Some(None) => Outcome::MissingExpected,
             Some(Some(diff)) => Outcome::Failed(diff),
@@ -776,10 +784,15 @@ pub fn run_suite(
                 summary.passed += 1;
                 writeln!(out, "test {name} ... ok ({cost})")
             }
-            Outcome::Blessed => {
+            Outcome::Blessed { path, created } => {
                 summary.blessed += 1;
                 summary.passed += 1;
-                writeln!(out, "test {name} ... blessed ({cost})")
+                writeln!(
+                    out,
+                    "test {name} ... blessed: {} {} ({cost})",
+                    if *created { "wrote" } else { "rewrote" },
+                    path.display()
+                )
             }
             Outcome::MissingExpected => {
                 summary.failed += 1;

@@ -247,9 +247,13 @@ fn a_missing_expected_file_fails_suggesting_bless_which_writes_it() {
 
     let run = datum_test(&wasm, scratch.path(), &["--bless"]);
     assert_eq!(run.code, Some(0), "{run}");
+    let written = scratch.path().join(format!("{case}.expected.json"));
     assert!(
-        run.stdout.contains(&format!("test {case} ... blessed")),
-        "{run}"
+        run.stdout.contains(&format!(
+            "test {case} ... blessed: wrote {}",
+            written.display()
+        )),
+        "--bless names the file it wrote: {run}"
     );
     assert_eq!(run.tally(), "1 passed, 0 failed (1 blessed)", "{run}");
     let committed =
@@ -264,6 +268,18 @@ fn a_missing_expected_file_fails_suggesting_bless_which_writes_it() {
     let run = datum_test(&wasm, scratch.path(), &[]);
     assert_eq!(run.code, Some(0), "{run}");
     assert_eq!(run.tally(), "1 passed, 0 failed", "{run}");
+
+    // A stale expected file is rewritten, and said so; a matching one is
+    // left alone and not named.
+    std::fs::write(&written, "{\"changes\": []}\n").expect("stale expected file");
+    let run = datum_test(&wasm, scratch.path(), &["--bless"]);
+    assert!(
+        run.stdout
+            .contains(&format!("blessed: rewrote {}", written.display())),
+        "{run}"
+    );
+    let run = datum_test(&wasm, scratch.path(), &["--bless"]);
+    assert!(!run.stdout.contains("blessed"), "{run}");
 }
 
 #[test]
