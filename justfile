@@ -9,9 +9,15 @@ default:
 # Run the demo on a throwaway local PostgreSQL; Ctrl-C stops it and removes
 # everything (`just demo --duration 30s --no-color` for a bounded run).
 demo *ARGS: _pg _wasm-target
-    cargo build -q -p datum --bin datum
-    cargo build -q --release --target wasm32-wasip1 -p example-mask_pii
-    target/debug/datum demo {{ARGS}}
+    #!/usr/bin/env bash
+    set -euo pipefail
+    if [ ! -x "${CARGO_TARGET_DIR:-target}/debug/datum" ]; then
+        echo "== building datum and the mask_pii module: the first build compiles ~300 crates" \
+             "(the WebAssembly compiler among them), about 12 minutes on 2 cores; later runs start at once"
+    fi
+    cargo build -p datum --bin datum
+    cargo build --release --target wasm32-wasip1 -p example-mask_pii
+    "${CARGO_TARGET_DIR:-target}/debug/datum" demo {{ARGS}}
 
 # Run the whole test suite (unit, integration, against real PostgreSQL).
 test: _pg _wasm-target
