@@ -12,6 +12,7 @@ use tokio_postgres::Client;
 
 use super::SourceError;
 use super::catalog::{self, SlotState};
+use crate::pg::quote_ident;
 
 /// The oldest server Datum supports: `messages` in pgoutput needs 14.
 pub(crate) const MIN_SERVER_VERSION: i32 = 140_000;
@@ -120,6 +121,9 @@ pub struct Target {
 pub(crate) struct TableInfo {
     pub(crate) qualified: String,
     pub(crate) oid: u32,
+    /// The role is (a member of) its owner.
+    pub(crate) owned: bool,
+    pub(crate) owner: String,
     pub(crate) kind: char,
     pub(crate) leaves: Vec<u32>,
 }
@@ -239,6 +243,7 @@ pub(crate) async fn run_with_slot(
             .map_err(SourceError::Sql)?
             .get(0);
         check_slot(slot, &database, slot_state, &mut report);
+        check_capacity(client, slot_state, &mut report).await?;
     }
     Ok(report)
 }
@@ -253,7 +258,9 @@ async fn check_table(
     let row = client
         .query_opt(
             "SELECT c.oid, c.relkind::text, c.relreplident::text,
-                    EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)
+                    EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary),
+                    has_table_privilege(c.oid, 'SELECT'), pg_has_role(c.relowner, 'USAGE'),
+                    pg_get_userbyid(c.relowner)::text, current_user::text
              FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
              WHERE n.nspname = $1 AND c.relname = $2",
             &[&schema, &table],
@@ -333,9 +340,28 @@ async fn check_table(
             ),
         );
     }
+    let (readable, owned, owner, user): (bool, bool, String, String) =
+        (row.get(4), row.get(5), row.get(6), row.get(7));
+    let quoted = format!("{}.{}", quote_ident(&schema), quote_ident(&table));
+    if readable {
+        report.pass(
+            &format!("{requirement} SELECT"),
+            format!("role `{user}` may read it (the snapshot copies its rows)"),
+        );
+    } else {
+        report.warn(
+            &format!("{requirement} SELECT"),
+            format!(
+                "role `{user}` may not read it, so its existing rows cannot be copied                  (snapshot.mode = \"initial\" and backfills fail for it)"
+            ),
+            format!("run `GRANT SELECT ON {quoted} TO {}`", quote_ident(&user)),
+        );
+    }
     Ok(Some(TableInfo {
         qualified: format!("{schema}.{table}"),
         oid,
+        owned,
+        owner,
         kind,
         leaves: leaves.into_iter().map(|(_, _, _, oid)| oid).collect(),
     }))
@@ -369,11 +395,7 @@ async fn check_publication(
                 ),
             );
         } else {
-            report.warn(
-                &requirement,
-                "does not exist".into(),
-                "Datum creates it for the configured tables when the pipeline starts".into(),
-            );
+            check_can_create_publication(client, publication, tables, report).await?;
         }
         return Ok(());
     };
@@ -448,6 +470,148 @@ async fn check_publication(
             format!(
                 "if that is not intended, run `ALTER PUBLICATION \"{publication}\" SET \
                  (publish = 'insert, update, delete, truncate')`"
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// Datum will run `CREATE PUBLICATION ... FOR TABLE ...`: that needs CREATE
+/// on the database and ownership of every table.
+async fn check_can_create_publication(
+    client: &Client,
+    publication: &str,
+    tables: &[TableInfo],
+    report: &mut Report,
+) -> Result<(), SourceError> {
+    let requirement = format!("publication {publication}");
+    let row = client
+        .query_one(
+            "SELECT current_user::text, current_database()::text,
+                    has_database_privilege(current_database(), 'CREATE')",
+            &[],
+        )
+        .await
+        .map_err(SourceError::Sql)?;
+    let (user, database, may_create): (String, String, bool) = (row.get(0), row.get(1), row.get(2));
+    let create_sql = format!(
+        "CREATE PUBLICATION {} FOR TABLE {}",
+        quote_ident(publication),
+        tables
+            .iter()
+            .map(|t| quoted_table(&t.qualified))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let mut problems = Vec::new();
+    let mut fixes = Vec::new();
+    if !may_create {
+        problems.push(format!(
+            "role `{user}` lacks CREATE on database `{database}`"
+        ));
+        fixes.push(format!(
+            "`GRANT CREATE ON DATABASE {} TO {}`",
+            quote_ident(&database),
+            quote_ident(&user)
+        ));
+    }
+    for table in tables.iter().filter(|t| !t.owned) {
+        problems.push(format!(
+            "{} is owned by `{}`, not by `{user}` (a publication for a table needs its owner)",
+            table.qualified, table.owner
+        ));
+        fixes.push(format!(
+            "`ALTER TABLE {} OWNER TO {}`",
+            quoted_table(&table.qualified),
+            quote_ident(&user)
+        ));
+    }
+    if problems.is_empty() {
+        report.warn(
+            &requirement,
+            "does not exist".into(),
+            format!(
+                "Datum creates it when the pipeline starts (`{create_sql}`; role `{user}` may)"
+            ),
+        );
+    } else {
+        report.fail(
+            &requirement,
+            format!(
+                "does not exist, and Datum cannot create it: {}",
+                problems.join("; ")
+            ),
+            format!(
+                "run {}; or have the tables' owner run `{create_sql}` and start again",
+                fixes.join(" and ")
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// `schema.table` quoted for SQL.
+fn quoted_table(qualified: &str) -> String {
+    let (schema, table) = split_table(qualified);
+    format!("{}.{}", quote_ident(&schema), quote_ident(&table))
+}
+
+/// A slot to be created needs a free one (`max_replication_slots`); the
+/// stream needs a free walsender (`max_wal_senders`).
+async fn check_capacity(
+    client: &Client,
+    slot: Option<&SlotState>,
+    report: &mut Report,
+) -> Result<(), SourceError> {
+    let slot_exists = slot.is_some();
+    let row = client
+        .query_one(
+            "SELECT current_setting('max_replication_slots')::int8,
+                    (SELECT count(*) FROM pg_replication_slots),
+                    current_setting('max_wal_senders')::int8,
+                    (SELECT count(*) FROM pg_stat_replication)",
+            &[],
+        )
+        .await
+        .map_err(SourceError::Sql)?;
+    let (max_slots, slots, max_senders, senders): (i64, i64, i64, i64) =
+        (row.get(0), row.get(1), row.get(2), row.get(3));
+    // A walsender still holding the pipeline's own slot (left by a crash)
+    // is replaced, not added to.
+    let senders = senders - i64::from(slot.is_some_and(|s| s.active));
+    if slot_exists || slots < max_slots {
+        report.pass(
+            "replication slots",
+            format!("{slots} of max_replication_slots = {max_slots} in use"),
+        );
+    } else {
+        report.fail(
+            "replication slots",
+            format!(
+                "all {max_slots} (max_replication_slots) are in use, and the pipeline's slot \
+                 must be created"
+            ),
+            format!(
+                "drop a slot nothing uses (`SELECT slot_name, active FROM \
+                 pg_replication_slots`, then `SELECT pg_drop_replication_slot('NAME')`), or run \
+                 `ALTER SYSTEM SET max_replication_slots = {}` and restart PostgreSQL",
+                max_slots + 1
+            ),
+        );
+    }
+    if senders < max_senders {
+        report.pass(
+            "walsenders",
+            format!("{senders} of max_wal_senders = {max_senders} in use"),
+        );
+    } else {
+        report.fail(
+            "walsenders",
+            format!("all {max_senders} (max_wal_senders) are in use"),
+            format!(
+                "stop an unused replication client, or run `ALTER SYSTEM SET max_wal_senders \
+                 = {}` and restart PostgreSQL",
+                max_senders + 1
             ),
         );
     }

@@ -458,7 +458,18 @@ async fn ensure_publication(client: &Client, config: &SourceConfig) -> Result<bo
     if config.publish_via_partition_root {
         sql.push_str(" WITH (publish_via_partition_root = true)");
     }
-    client.batch_execute(&sql).await.map_err(SourceError::Sql)?;
+    if let Err(err) = client.batch_execute(&sql).await {
+        // Refused for a privilege: the same advice `datum check` gives.
+        if err.as_db_error().map(|d| d.code().code()) == Some("42501") {
+            let target = check::Target {
+                publication: Some(config.publication.clone()),
+                slot: None,
+                tables: config.tables.clone(),
+            };
+            check::run(client, &target).await?.into_result()?;
+        }
+        return Err(SourceError::Sql(err));
+    }
     tracing::info!(publication = %config.publication, tables = ?config.tables, "created publication");
     Ok(true)
 }

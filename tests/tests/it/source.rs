@@ -674,6 +674,97 @@ async fn check_reports_each_requirement_with_what_to_do() {
     assert!(!err.is_transient());
 }
 
+/// What `run` needs beyond replicating: CREATE on the database and
+/// ownership of the tables to create the publication, SELECT for the
+/// snapshot, a free slot. `check` names each with the SQL that fixes it, and
+/// `run` refuses with the same advice before trying.
+#[tokio::test]
+async fn check_tests_what_run_needs_to_create_the_publication_and_copy_rows() {
+    let pg = pg_throwaway::Cluster::builder()
+        .setting("wal_level", "logical")
+        .setting("max_replication_slots", "1")
+        .start()
+        .expect("cluster");
+    let client = connect(&pg.conninfo("postgres")).await;
+    sql(
+        &client,
+        &[
+            "CREATE TABLE orders (id int PRIMARY KEY)",
+            "CREATE TABLE customers (id int PRIMARY KEY)",
+            "CREATE ROLE shipper LOGIN REPLICATION",
+            "GRANT SELECT ON orders TO shipper",
+        ],
+    )
+    .await;
+    let as_shipper = pg
+        .conninfo("postgres")
+        .replace("user=postgres", "user=shipper");
+    assert!(as_shipper.contains("user=shipper"), "{as_shipper}");
+    let target = datum::CheckTarget {
+        publication: Some("pub".into()),
+        slot: Some("slot".into()),
+        tables: vec!["orders".into(), "customers".into()],
+    };
+    let report = datum::check_source(&as_shipper, &target)
+        .await
+        .expect("report");
+    let text = report.to_string();
+    assert!(report.failed(), "{text}");
+    for expected in [
+        "[pass] table public.orders SELECT",
+        "[warn] table public.customers SELECT: role `shipper` may not read it",
+        r#"GRANT SELECT ON "public"."customers" TO "shipper""#,
+        "[FAIL] publication pub: does not exist, and Datum cannot create it: role `shipper` \
+         lacks CREATE on database `postgres`",
+        "public.orders is owned by `postgres`, not by `shipper`",
+        r#"GRANT CREATE ON DATABASE "postgres" TO "shipper""#,
+        r#"ALTER TABLE "public"."orders" OWNER TO "shipper""#,
+        r#"CREATE PUBLICATION "pub" FOR TABLE "public"."orders", "public"."customers""#,
+        "[pass] replication slots: 0 of max_replication_slots = 1 in use",
+        "[pass] walsenders",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
+    // run refuses with the same advice.
+    let mut config = config(&pg, "pub", "slot", &["orders", "customers"]);
+    config.conninfo = as_shipper.parse().expect("conninfo");
+    let err = datum::prepare_source(&config, None, || Ok(()))
+        .await
+        .expect_err("cannot create the publication");
+    assert!(!err.is_transient(), "{err}");
+    let said = err.to_string();
+    assert!(
+        said.contains("lacks CREATE on database") && said.contains("GRANT CREATE ON DATABASE"),
+        "{said}"
+    );
+
+    // Granted and owned: the publication can be made. Another slot takes
+    // the only one.
+    sql(
+        &client,
+        &[
+            "GRANT CREATE ON DATABASE postgres TO shipper",
+            "ALTER TABLE orders OWNER TO shipper",
+            "ALTER TABLE customers OWNER TO shipper",
+            "SELECT pg_create_logical_replication_slot('other', 'pgoutput')",
+        ],
+    )
+    .await;
+    let report = datum::check_source(&as_shipper, &target)
+        .await
+        .expect("report");
+    let text = report.to_string();
+    for expected in [
+        "[warn] publication pub: does not exist",
+        "Datum creates it when the pipeline starts",
+        "[FAIL] replication slots: all 1 (max_replication_slots) are in use",
+        "pg_drop_replication_slot",
+        "ALTER SYSTEM SET max_replication_slots = 2",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
+}
+
 #[tokio::test]
 async fn transactions_from_a_replication_origin_stream_normally() {
     let pg = cluster();
