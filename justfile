@@ -13,7 +13,7 @@ demo *ARGS: _pg _wasm-target
     set -euo pipefail
     if [ ! -x "${CARGO_TARGET_DIR:-target}/debug/datum" ]; then
         echo "== building datum and the mask_pii module: the first build compiles ~300 crates" \
-             "(the WebAssembly compiler among them), about 12 minutes on 2 cores; later runs start at once"
+             "(the WebAssembly compiler among them): 12–15 minutes on 2 cores the first time; later runs start at once"
     fi
     cargo build -p datum --bin datum
     cargo build --release --target wasm32-wasip1 -p example-mask_pii
