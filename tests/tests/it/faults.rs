@@ -39,6 +39,10 @@ name = "p"
 source.url = {url}
 source.tables = ["public.t"]
 sink = {{ type = "file", path = {out} }}
+# These tests are about the stream: an initial copy racing the first
+# inserts may add a snapshot row equal to a live insert (allowed, and
+# covered by the snapshot tests), which exact row counts here would not.
+snapshot.mode = "never"
 {extra}
 "#,
         state = toml_string(state.to_str().expect("utf-8")),
@@ -430,7 +434,7 @@ async fn sigterm_with_a_stuck_module_exits_within_drain_timeout() {
     let spinner = dir.join("spinner.wasm");
     std::fs::write(&spinner, wat::parse_str(SPINNER).expect("WAT")).expect("write");
     let extra = format!(
-        "drain_timeout = \"1s\"\nsnapshot.mode = \"never\"\n[[pipeline.transforms]]\nmodule = {}\nlimits = {{ timeout = \"120s\" }}\n",
+        "drain_timeout = \"1s\"\n[[pipeline.transforms]]\nmodule = {}\nlimits = {{ timeout = \"120s\" }}\n",
         toml_string(spinner.to_str().expect("utf-8"))
     );
     let host = Host::start(
