@@ -52,7 +52,7 @@ pub(crate) fn render(pipelines: &[Arc<PipelineControl>], store: &Store) -> Strin
     let mut f = Family { out: &mut out };
 
     type Getter = fn(&PipelineControl, &Store) -> f64;
-    let gauges: [(&str, &str, Getter); 5] = [
+    let gauges: [(&str, &str, Getter); 7] = [
         (
             "datum_received_lsn",
             "Furthest WAL position read.",
@@ -70,18 +70,29 @@ pub(crate) fn render(pipelines: &[Arc<PipelineControl>], store: &Store) -> Strin
         ),
         (
             "datum_lag_bytes",
-            "Received minus checkpointed, bytes.",
+            "The server's WAL position minus the checkpointed one, bytes (paused or not).",
             |p, s| {
                 p.source_stats
-                    .received_lsn
+                    .server_lsn
                     .load(Relaxed)
+                    .max(p.source_stats.received_lsn.load(Relaxed))
                     .saturating_sub(checkpointed(p, s)) as f64
             },
         ),
         (
             "datum_lag_seconds",
-            "How long changes have been waiting.",
+            "Commit time of the newest transaction received minus that of the checkpointed one.",
+            |p, s| super::commit_lag(p, s, crate::event::Lsn(checkpointed(p, s))),
+        ),
+        (
+            "datum_waiting_seconds",
+            "How long received changes have been waiting for the checkpoint.",
             |p, _| p.rates().2,
+        ),
+        (
+            "datum_slot_retained_bytes",
+            "WAL the pipeline's slot holds back on the server, bytes (as last polled).",
+            |p, _| p.source_stats.slot_retained_bytes.load(Relaxed) as f64,
         ),
     ];
     for (name, help, get) in gauges {

@@ -733,10 +733,7 @@ pub(crate) fn status(control: &PipelineControl, store: &Store) -> Json {
             "checkpointed": checkpointed.to_string(),
             "confirmed": confirmed.to_string(),
         },
-        "lag": {
-            "bytes": received.0.saturating_sub(checkpointed.0),
-            "seconds": waiting,
-        },
+        "lag": lag(control, store, received, checkpointed, waiting),
         "rates": {
             "batches_per_second": batches_per_second,
             "changes_per_second": changes_per_second,
@@ -758,6 +755,52 @@ pub(crate) fn status(control: &PipelineControl, store: &Store) -> Json {
         "last_error": last_error,
         "state_file": state_file(store),
     })
+}
+
+/// How far the checkpoint trails the server: in bytes of WAL (against the
+/// server's position, so also while paused), in seconds of commit time
+/// (the newest transaction received against the checkpointed one), how
+/// long un-checkpointed work has waited, and the WAL the slot retains.
+fn lag(
+    control: &PipelineControl,
+    store: &Store,
+    received: Lsn,
+    checkpointed: Lsn,
+    waiting: f64,
+) -> Json {
+    use std::sync::atomic::Ordering::Relaxed;
+    let stats = &control.source_stats;
+    let server = Lsn(stats.server_lsn.load(Relaxed)).max(received);
+    let polled_at = stats.server_polled_at.load(Relaxed);
+    json!({
+        "bytes": server.0.saturating_sub(checkpointed.0),
+        "seconds": commit_lag(control, store, checkpointed),
+        "waiting_seconds": waiting,
+        "server_lsn": server.to_string(),
+        "slot_retained_bytes": (polled_at > 0).then(|| stats.slot_retained_bytes.load(Relaxed)),
+        "server_polled_at": (polled_at > 0).then_some(polled_at),
+    })
+}
+
+/// Seconds between the newest commit received and the commit of the
+/// checkpointed transaction (0 when everything received is checkpointed).
+pub(crate) fn commit_lag(control: &PipelineControl, store: &Store, checkpointed: Lsn) -> f64 {
+    use std::sync::atomic::Ordering::Relaxed;
+    let received = Lsn(control.source_stats.received_lsn.load(Relaxed));
+    if received <= checkpointed {
+        return 0.0;
+    }
+    let newest = control.source_stats.newest_commit_time.load(Relaxed);
+    let durable = store
+        .offset(&control.name)
+        .ok()
+        .flatten()
+        .map(|o| o.commit_time)
+        .unwrap_or(0);
+    if newest <= 0 || durable <= 0 {
+        return 0.0;
+    }
+    newest.saturating_sub(durable).max(0) as f64 / 1e6
 }
 
 /// How the state file fares: failing while its last use failed (a full

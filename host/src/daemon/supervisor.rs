@@ -202,6 +202,58 @@ impl PipelineControl {
 }
 
 /// Runs one pipeline until `stop`, pausing and resuming it on request.
+/// How often each pipeline's server is asked for its WAL position and
+/// what its slot retains (for the lag in status and metrics).
+const SERVER_POLL: Duration = Duration::from_secs(2);
+
+/// Polls the source server, paused or not: `pg_current_wal_lsn()` and the
+/// WAL the pipeline's slot retains, into `stats`. A failure is logged at
+/// debug level and retried at the next poll on a new connection (the
+/// pipeline reports its own connection problems).
+async fn poll_server(conninfo: crate::pg::ConnInfo, slot: String, stats: Arc<SourceStats>) {
+    let mut tick = tokio::time::interval(SERVER_POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut client = None;
+    loop {
+        tick.tick().await;
+        if client
+            .as_ref()
+            .is_none_or(tokio_postgres::Client::is_closed)
+        {
+            client = crate::source::catalog::connect(&conninfo).await.ok();
+        }
+        let Some(connected) = &client else {
+            continue;
+        };
+        let row = connected
+            .query_one(
+                "SELECT (pg_current_wal_lsn() - '0/0')::int8, \
+                 (SELECT (pg_current_wal_lsn() - restart_lsn)::int8 \
+                  FROM pg_replication_slots WHERE slot_name = $1)",
+                &[&slot],
+            )
+            .await;
+        match row {
+            Ok(row) => {
+                let server: i64 = row.try_get(0).unwrap_or(0);
+                let retained: Option<i64> = row.try_get(1).unwrap_or(None);
+                stats
+                    .server_lsn
+                    .fetch_max(u64::try_from(server).unwrap_or(0), Ordering::Relaxed);
+                stats.slot_retained_bytes.store(
+                    retained.and_then(|r| u64::try_from(r).ok()).unwrap_or(0),
+                    Ordering::Relaxed,
+                );
+                stats
+                    .server_polled_at
+                    .store(crate::checkpoint::now_micros(), Ordering::Relaxed);
+            }
+            // A closed connection is replaced at the next poll.
+            Err(err) => tracing::debug!(error = %err, "polling the server's WAL position failed"),
+        }
+    }
+}
+
 async fn supervise(
     control: Arc<PipelineControl>,
     config: PipelineConfig,
@@ -265,13 +317,14 @@ async fn supervise(
     }
 }
 
-/// Every pipeline of a host, each under its supervisor, and the sampler
-/// of their rates.
+/// Every pipeline of a host, each under its supervisor, the sampler of
+/// their rates and the pollers of their servers.
 #[derive(Debug)]
 pub(crate) struct Supervisors {
     controls: Vec<Arc<PipelineControl>>,
     tasks: Vec<(String, tokio::task::JoinHandle<Result<(), PipelineError>>)>,
     sampler: tokio::task::JoinHandle<()>,
+    pollers: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Supervisors {
@@ -283,10 +336,19 @@ impl Supervisors {
     ) -> Supervisors {
         let mut tasks = Vec::new();
         let mut controls = Vec::new();
+        let mut pollers = Vec::new();
         for Prepared { config, sink } in prepared {
             let name = config.name.clone();
             let control = PipelineControl::new(&config);
             controls.push(control.clone());
+            pollers.push(tokio::spawn(
+                poll_server(
+                    config.source.conninfo.clone(),
+                    config.source.slot.clone(),
+                    control.source_stats.clone(),
+                )
+                .instrument(tracing::info_span!("pipeline", pipeline = %name)),
+            ));
             let span = tracing::info_span!("pipeline", pipeline = %name);
             let task = tokio::spawn(
                 supervise(control, config, store.clone(), sink, stop.clone()).instrument(span),
@@ -309,6 +371,7 @@ impl Supervisors {
             controls,
             tasks,
             sampler,
+            pollers,
         }
     }
 
@@ -335,6 +398,9 @@ impl Supervisors {
             report.pipelines.push((name, outcome));
         }
         self.sampler.abort();
+        for poller in self.pollers {
+            poller.abort();
+        }
         report
     }
 }

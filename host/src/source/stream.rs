@@ -55,7 +55,25 @@ pub struct SourceStats {
     pub confirmed_lsn: AtomicU64,
     /// The walsender's process id in the current session.
     pub walsender_pid: AtomicU64,
+    /// The server's WAL position: the furthest its walsender reported, or
+    /// `pg_current_wal_lsn()` as last polled (`crate::daemon` polls it
+    /// every `SERVER_POLL`, paused or not).
+    pub server_lsn: AtomicU64,
+    /// WAL the slot holds back on the server (`pg_current_wal_lsn() -
+    /// restart_lsn`), as last polled.
+    pub slot_retained_bytes: AtomicU64,
+    /// When the server was last polled, µs since the Unix epoch (0: never).
+    pub server_polled_at: std::sync::atomic::AtomicI64,
+    /// The newest commit time among the transactions received, µs since
+    /// the Unix epoch.
+    pub newest_commit_time: std::sync::atomic::AtomicI64,
 }
+
+/// How often the source looks whether the checkpoint moved past what the
+/// server was last told, and tells it: at most this often, so that
+/// `confirmed_flush_lsn` follows the state file closely without an update
+/// per transaction.
+const CONFIRM_PROMPTLY: Duration = Duration::from_millis(100);
 
 /// Most batches held back to go downstream together.
 const PENDING_MAX: usize = 256;
@@ -184,6 +202,8 @@ impl Session<'_> {
         let (client, mut conn, interval) = self.start(requested).await?;
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut prompt = tokio::time::interval(CONFIRM_PROMPTLY);
+        prompt.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut pending: Vec<Batch> = Vec::new();
         let mut pending_cost = 0usize;
         // When the last delivery went downstream, and a timer for the end
@@ -236,6 +256,15 @@ impl Session<'_> {
                     _ = shutdown.as_mut() => return self.finish(conn).await,
                     _ = tick.tick() => {
                         self.send_status(&mut conn, false).await?;
+                        continue;
+                    }
+                    _ = prompt.tick() => {
+                        // The checkpoint moved since the last update: say
+                        // so now, not at the next scheduled update.
+                        let confirmed = Lsn(self.stats.confirmed_lsn.load(Ordering::Relaxed));
+                        if self.positions.flushed() > confirmed {
+                            self.send_status(&mut conn, false).await?;
+                        }
                         continue;
                     }
                     () = linger.as_mut(), if lingering => {
@@ -359,6 +388,7 @@ impl Session<'_> {
         if lsn > self.received {
             self.received = lsn;
             self.stats.received_lsn.store(lsn.0, Ordering::Relaxed);
+            self.stats.server_lsn.fetch_max(lsn.0, Ordering::Relaxed);
         }
     }
 
@@ -419,6 +449,9 @@ impl Session<'_> {
                     // Registered before it leaves: from here on the
                     // coordinator knows it is in flight.
                     self.positions.register(&batch.txn)?;
+                    self.stats
+                        .newest_commit_time
+                        .fetch_max(batch.txn.commit_time, Ordering::Relaxed);
                     permit.send(batch);
                     self.stats.batches.fetch_add(1, Ordering::Relaxed);
                     self.stats.changes.fetch_add(changes, Ordering::Relaxed);

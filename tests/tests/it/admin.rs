@@ -695,6 +695,109 @@ async fn rollback_restart_and_pause_keep_their_promises() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Lag is measured against the server: paused with WAL pending, status and
+/// metrics show the bytes behind and what the slot retains (it showed 0 B
+/// before); after a write is checkpointed the server is told within a
+/// fraction of the status interval (10 s here), not at its next tick.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lag_counts_against_the_server_while_paused_and_checkpoints_are_confirmed_promptly() {
+    let setup = Setup::new("admin-lag").await;
+    let (pg, client, dir, port) = (&setup.pg, &setup.client, &setup.dir, setup.port);
+    let host = Host::start(dir, &config(pg, port, "", ""));
+    let admin = Admin::new(port);
+    admin.wait_running(&host).await;
+
+    // Confirmed promptly: the slot follows the state file within 1 s.
+    client
+        .batch_execute("INSERT INTO t (id) VALUES (1)")
+        .await
+        .expect("insert");
+    wait_for_lines(&dir.join("out.jsonl"), 1, &host).await;
+    let written: String = client
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await
+        .expect("lsn")
+        .get(0);
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        let confirmed: Option<String> = client
+            .query_one(
+                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'datum_p'",
+                &[],
+            )
+            .await
+            .expect("slot")
+            .get(0);
+        let confirmed = confirmed.map(|c| lsn(&c)).unwrap_or(0);
+        // The insert's commit is below the position read after it.
+        let (_, status) = admin.get("/v1/pipelines/p").await;
+        let checkpointed = lsn(status["lsn"]["checkpointed"].as_str().unwrap_or("0/0"));
+        if checkpointed > 0 && confirmed >= checkpointed {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "confirmed {confirmed:x} behind checkpointed {checkpointed:x} (wrote up to {written})"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let (status, body) = admin.post("/v1/pipelines/p/pause", json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    client
+        .batch_execute(
+            "INSERT INTO t (id, tag) SELECT g, repeat('x', 100) FROM generate_series(2, 3001) g",
+        )
+        .await
+        .expect("rows while paused");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        let (_, status) = admin.get("/v1/pipelines/p").await;
+        let retained = status["lag"]["slot_retained_bytes"].as_u64().unwrap_or(0);
+        if status["lag"]["bytes"].as_u64().unwrap_or(0) > 100_000 && retained > 100_000 {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "no lag while paused: {status}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(status["state"], "paused", "{status}");
+    let text = reqwest::Client::new()
+        .get(format!("http://127.0.0.1:{port}/metrics"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("body");
+    let gauge = |name: &str| -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(&format!("{name}{{pipeline=\"p\"}}")))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} in\n{text}"))
+    };
+    assert!(gauge("datum_lag_bytes") > 100_000.0, "{text}");
+    assert!(gauge("datum_slot_retained_bytes") > 100_000.0, "{text}");
+
+    // Resumed, it catches up: the bytes behind fall well below.
+    let (status, body) = admin.post("/v1/pipelines/p/resume", json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    wait_for_lines(&dir.join("out.jsonl"), 3001, &host).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (_, status) = admin.get("/v1/pipelines/p").await;
+        if status["lag"]["bytes"].as_u64().unwrap_or(u64::MAX) < 100_000 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "lag stays after resuming: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_openapi_status_and_dead_letters() {
     let setup = Setup::new("admin-metrics").await;
