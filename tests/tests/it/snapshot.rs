@@ -87,6 +87,48 @@ async fn wait_done(port: u16, host: &Host, tables: &[&str], secs: u64) -> Vec<Js
     }
 }
 
+/// Waits until each of `tables` is copying and has copied rows.
+async fn wait_copying(port: u16, host: &Host, tables: &[&str]) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let entries = snapshots(port).await;
+        let copying = |t: &str| {
+            entries.iter().any(|e| {
+                e["table"] == t && e["state"] == "copying" && e["rows"].as_u64().unwrap_or(0) > 0
+            })
+        };
+        if tables.iter().all(|t| copying(t)) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not all of {tables:?} copying: {entries:?}\n{}",
+            host.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until `table`'s copy has failed; its status entry.
+async fn wait_failed(port: u16, host: &Host, table: &str) -> Json {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let entries = snapshots(port).await;
+        if let Some(e) = entries
+            .iter()
+            .find(|e| e["table"] == table && e["state"] == "failed")
+        {
+            return e.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{table} did not fail: {entries:?}\n{}",
+            host.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Waits until `query` answers the same on both sides.
 async fn wait_equal(
     src: &tokio_postgres::Client,
@@ -718,24 +760,7 @@ async fn a_table_dropped_or_truncated_during_its_copy() {
         "[pipeline.snapshot]\nchunk_size = 200\n",
     );
     // Both mid-copy.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let entries = snapshots(port).await;
-        let copying = |t: &str| {
-            entries.iter().any(|e| {
-                e["table"] == t && e["state"] == "copying" && e["rows"].as_u64().unwrap_or(0) > 0
-            })
-        };
-        if copying("public.dropped") && copying("public.truncated") {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "not both copying: {entries:?}\n{}",
-            host.log()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_copying(port, &host, &["public.dropped", "public.truncated"]).await;
     src.batch_execute(
         "TRUNCATE truncated; INSERT INTO truncated VALUES (1, 'after'); DROP TABLE dropped",
     )
@@ -744,22 +769,7 @@ async fn a_table_dropped_or_truncated_during_its_copy() {
 
     wait_done(port, &host, &["public.truncated"], 120).await;
     wait_equal(&src, &dst, "SELECT * FROM truncated ORDER BY id", &host, 60).await;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let failed = loop {
-        let entries = snapshots(port).await;
-        if let Some(e) = entries
-            .iter()
-            .find(|e| e["table"] == "public.dropped" && e["state"] == "failed")
-        {
-            break e.clone();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the dropped table did not fail: {entries:?}\n{}",
-            host.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let failed = wait_failed(port, &host, "public.dropped").await;
     let error = failed["error"].as_str().unwrap_or_default();
     assert!(
         error.contains("public.dropped") && error.contains("backfill"),
@@ -805,42 +815,11 @@ async fn a_copy_that_loses_its_select_privilege_fails_with_the_grant_to_run() {
         "[pipeline.snapshot]\nchunk_size = 200\n",
     );
     let host = Host::start(&dir, &config);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let entries = snapshots(port).await;
-        if entries.iter().any(|e| {
-            e["table"] == "public.guarded"
-                && e["state"] == "copying"
-                && e["rows"].as_u64().unwrap_or(0) > 0
-        }) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "not copying: {entries:?}\n{}",
-            host.log()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_copying(port, &host, &["public.guarded"]).await;
     src.batch_execute("REVOKE SELECT ON guarded FROM copier")
         .await
         .expect("revoke");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let failed = loop {
-        let entries = snapshots(port).await;
-        if let Some(e) = entries
-            .iter()
-            .find(|e| e["table"] == "public.guarded" && e["state"] == "failed")
-        {
-            break e.clone();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the table did not fail: {entries:?}\n{}",
-            host.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let failed = wait_failed(port, &host, "public.guarded").await;
     let error = failed["error"].as_str().unwrap_or_default();
     assert!(
         error.contains("copier may not read public.guarded")
