@@ -646,8 +646,7 @@ impl Config {
             message,
         };
         let mut config = Config::parse(&text).map_err(invalid)?;
-        let base = path.parent().unwrap_or(Path::new("."));
-        config.resolve_paths(base);
+        config.resolve_paths(&config_dir(path));
         Ok(config)
     }
 
@@ -731,6 +730,17 @@ impl Config {
     }
 }
 
+/// The directory relative paths in the configuration at `path` are
+/// relative to, made absolute (so that errors name the file they looked
+/// for, wherever `datum` was started).
+fn config_dir(path: &Path) -> std::path::PathBuf {
+    let parent = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    std::path::absolute(parent).unwrap_or_else(|_| parent.to_owned())
+}
+
 /// What `datum admin --config` reads of a host's configuration: the state
 /// file's path and `[admin]`. The pipelines are not read, so their `${VAR}`s
 /// (the sources' passwords) need not be set where the admin client runs.
@@ -753,7 +763,7 @@ impl AdminConfig {
             path: path.to_owned(),
             message,
         })?;
-        let base = path.parent().unwrap_or(Path::new("."));
+        let base = config_dir(path);
         let resolve = |text: &mut Text| {
             let path = Path::new(&text.0);
             if path.is_relative() {

@@ -106,8 +106,13 @@ async fn prepare_pipeline(
         let path = Path::new(&t.module.0);
         let module_name = t.name();
         let limits = t.limits.limits();
-        let wasm = std::fs::read(path)
-            .map_err(|e| fail(format!("transforms[{i}]: {}: {e}", path.display())))?;
+        let wasm = std::fs::read(path).map_err(|e| {
+            fail(format!(
+                "transforms[{i}]: cannot read {}: {e} (a relative `module` path is relative to \
+                 the configuration file's directory)",
+                path.display()
+            ))
+        })?;
         crate::transform::check_binary(&wasm)
             .map_err(|e| fail(format!("transforms[{i}] ({}): {e}", path.display())))?;
         if store.is_some() {

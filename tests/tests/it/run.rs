@@ -870,3 +870,44 @@ sink = {{ type = "stdout" }}
     assert!(log.contains("reader went away"), "{log}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A module that is not there is named by its absolute path, resolved
+/// against the configuration file's directory (it was shown as given,
+/// `missing.wasm`, whatever directory `datum` was started from).
+#[test]
+fn a_missing_module_is_named_by_its_absolute_path_from_the_config_directory() {
+    let pg = cluster();
+    let dir = temp_dir("missing-module");
+    let config = format!(
+        r#"
+state = "state.redb"
+
+[[pipeline]]
+name = "p"
+source.url = {}
+source.tables = ["public.t"]
+sink = {{ type = "stdout" }}
+
+[[pipeline.transforms]]
+module = "modules/missing.wasm"
+"#,
+        toml_string(&pg.conninfo("postgres"))
+    );
+    std::fs::write(dir.join("datum.toml"), config).expect("config");
+    // Started from the config's directory, with a relative config path.
+    let run = Command::new(datum_bin())
+        .args(["run", "datum.toml"])
+        .current_dir(&dir)
+        .output()
+        .expect("datum run");
+    let said = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success(), "{said}");
+    let absolute = dir.join("modules/missing.wasm");
+    assert!(absolute.is_absolute());
+    assert!(
+        said.contains(&format!("cannot read {}", absolute.display()))
+            && said.contains("relative to the configuration file's directory"),
+        "{said}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
