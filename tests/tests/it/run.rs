@@ -487,6 +487,9 @@ on_error = "{policy}"
 source = {{ url = {url}, tables = ["t"], publication = "pub_{policy}" }}
 sink = {{ type = "file", path = "{policy}.jsonl" }}
 transforms = [{{ module = {module} }}]
+# Exact counts of live changes: no initial copy, whose snapshot row may
+# equal a live insert racing it.
+snapshot.mode = "never"
 "#,
             url = toml_string(&pg.conninfo("postgres")),
             module = toml_string(module.to_str().unwrap()),
