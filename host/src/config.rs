@@ -707,12 +707,7 @@ impl Config {
     }
 
     fn resolve_paths(&mut self, base: &Path) {
-        let resolve = |text: &mut Text| {
-            let path = Path::new(&text.0);
-            if path.is_relative() {
-                text.0 = base.join(path).to_string_lossy().into_owned();
-            }
-        };
+        let resolve = |text: &mut Text| resolve_relative(text, base);
         resolve(&mut self.state);
         for p in &mut self.pipeline {
             for t in &mut p.transforms {
@@ -741,6 +736,14 @@ fn config_dir(path: &Path) -> std::path::PathBuf {
     std::path::absolute(parent).unwrap_or_else(|_| parent.to_owned())
 }
 
+/// `text` as a path: joined to `base` when relative.
+fn resolve_relative(text: &mut Text, base: &Path) {
+    let path = Path::new(&text.0);
+    if path.is_relative() {
+        text.0 = base.join(path).to_string_lossy().into_owned();
+    }
+}
+
 /// What `datum admin --config` reads of a host's configuration: the state
 /// file's path and `[admin]`. The pipelines are not read, so their `${VAR}`s
 /// (the sources' passwords) need not be set where the admin client runs.
@@ -764,12 +767,7 @@ impl AdminConfig {
             message,
         })?;
         let base = config_dir(path);
-        let resolve = |text: &mut Text| {
-            let path = Path::new(&text.0);
-            if path.is_relative() {
-                text.0 = base.join(path).to_string_lossy().into_owned();
-            }
-        };
+        let resolve = |text: &mut Text| resolve_relative(text, &base);
         resolve(&mut config.state);
         if let Some(file) = config.admin.as_mut().and_then(|a| a.token_file.as_mut()) {
             resolve(file);

@@ -414,10 +414,6 @@ async fn check_publication(
         .iter()
         .map(|r| r.get(0))
         .collect();
-    let quoted = |t: &TableInfo| {
-        let (schema, table) = split_table(&t.qualified);
-        format!("\"{schema}\".\"{table}\"")
-    };
     let missing: Vec<&TableInfo> = tables
         .iter()
         .filter(|t| {
@@ -447,7 +443,7 @@ async fn check_publication(
                 "run `ALTER PUBLICATION \"{publication}\" ADD TABLE {}`",
                 missing
                     .iter()
-                    .map(|t| quoted(t))
+                    .map(|t| quoted_table(&t.qualified))
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
@@ -550,8 +546,8 @@ async fn check_can_create_publication(
     Ok(())
 }
 
-/// `schema.table` quoted for SQL.
-fn quoted_table(qualified: &str) -> String {
+/// `schema.table` (or `table` in `public`) quoted for SQL.
+pub(crate) fn quoted_table(qualified: &str) -> String {
     let (schema, table) = split_table(qualified);
     format!("{}.{}", quote_ident(&schema), quote_ident(&table))
 }

@@ -445,10 +445,7 @@ async fn ensure_publication(client: &Client, config: &SourceConfig) -> Result<bo
     let tables: Vec<String> = config
         .tables
         .iter()
-        .map(|t| {
-            let (schema, table) = check::split_table(t);
-            format!("{}.{}", pg::quote_ident(&schema), pg::quote_ident(&table))
-        })
+        .map(|t| check::quoted_table(t))
         .collect();
     let mut sql = format!(
         "CREATE PUBLICATION {} FOR TABLE {}",

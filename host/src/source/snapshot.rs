@@ -19,6 +19,7 @@ use tokio_postgres::{Client, SimpleQueryMessage};
 
 use super::SourceError;
 use super::catalog;
+use super::check::quoted_table;
 use crate::event::values::{self, TypeKind};
 use crate::event::{Column, Relation, ReplicaIdentity};
 use crate::pg::{self, ConnInfo, quote_ident, quote_literal};
@@ -206,7 +207,7 @@ pub(crate) async fn describe(client: &Client, name: &str) -> Result<SnapshotTabl
             fix: format!(
                 "add one (ALTER TABLE {} ADD PRIMARY KEY (...)), or leave {name} out of the \
                  snapshot",
-                sql_name(name)
+                quoted_table(name)
             ),
         })?;
 
@@ -269,7 +270,7 @@ fn unreadable(name: &str, role: &str) -> SourceError {
         problem: format!("the source role {role} may not read {name}"),
         fix: format!(
             "GRANT SELECT ON {} TO {}, then backfill {name}",
-            sql_name(name),
+            quoted_table(name),
             quote_ident(role)
         ),
     }
@@ -281,12 +282,6 @@ fn dropped(name: &str) -> SourceError {
         problem: format!("table {name} was dropped during its copy"),
         fix: format!("re-create {name} and backfill it, or remove it from the pipeline's tables"),
     }
-}
-
-/// `schema.table` quoted for SQL.
-fn sql_name(name: &str) -> String {
-    let (schema, table) = super::check::split_table(name);
-    format!("{}.{}", quote_ident(&schema), quote_ident(&table))
 }
 
 /// Reads the next chunk: at most `limit` rows whose key is above `after`
@@ -313,7 +308,7 @@ pub(crate) async fn read_chunk(
             .map(|c| quote_ident(&c.name))
             .collect::<Vec<_>>()
             .join(", "),
-        sql_name(&table.name)
+        quoted_table(&table.name)
     );
     if let Some(after) = after {
         if after.len() != table.key.len() {
@@ -401,7 +396,7 @@ pub(crate) async fn publish(
         .batch_execute(&format!(
             "ALTER PUBLICATION {} ADD TABLE {}",
             quote_ident(publication),
-            sql_name(table)
+            quoted_table(table)
         ))
         .await
         .map_err(|e| SourceError::Requirement {
@@ -412,7 +407,7 @@ pub(crate) async fn publish(
             fix: format!(
                 "add it yourself (ALTER PUBLICATION {} ADD TABLE {}) as the publication's owner",
                 quote_ident(publication),
-                sql_name(table)
+                quoted_table(table)
             ),
         })
 }
