@@ -80,14 +80,39 @@ fn cargo_build_once(args: &[&str], what: &str) {
     if built.contains(&key) {
         return;
     }
-    let status = std::process::Command::new(env!("CARGO"))
+    let mut cargo = std::process::Command::new(env!("CARGO"));
+    cargo
         .args(["build", "--quiet"])
         .args(args)
-        .current_dir(workspace_root())
-        .status()
-        .expect("running cargo");
+        .current_dir(workspace_root());
+    // A test process carries the variables cargo sets for the test's own
+    // package (CARGO_MANIFEST_DIR, CARGO_PKG_NAME, ...). Some build scripts
+    // (ring's) declare them with `rerun-if-env-changed`, so passing them on
+    // would make this build differ from `just test`'s and recompile half the
+    // workspace, once per switch, while other tests wait for the build lock.
+    for (name, _) in std::env::vars_os() {
+        if let Some(name) = name.to_str()
+            && is_package_variable(name)
+        {
+            cargo.env_remove(name);
+        }
+    }
+    let status = cargo.status().expect("running cargo");
     assert!(status.success(), "building {what} failed");
     built.push(key);
+}
+
+/// Whether `name` is one of the variables cargo sets for a package it
+/// compiles or runs (not one that configures cargo itself).
+fn is_package_variable(name: &str) -> bool {
+    const PREFIXES: [&str; 4] = [
+        "CARGO_PKG_",
+        "CARGO_MANIFEST_",
+        "CARGO_CRATE_",
+        "CARGO_BIN_",
+    ];
+    const NAMES: [&str; 3] = ["CARGO_PRIMARY_PACKAGE", "CARGO_TARGET_TMPDIR", "OUT_DIR"];
+    PREFIXES.iter().any(|p| name.starts_with(p)) || NAMES.contains(&name)
 }
 
 /// The path of an example module from `examples-wasm/`, built for

@@ -7,7 +7,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use datum::Lsn;
-use datum_tests::{cluster, connect, datum_bin, example_wasm_path, workspace_root};
+use datum_tests::{cluster, connect, datum_bin, example_wasm_path};
 use serde_json::Value as Json;
 
 pub(crate) fn temp_dir(name: &str) -> PathBuf {
@@ -462,21 +462,7 @@ async fn on_error_policies_and_independent_pipelines() {
         .expect("schema");
     let dir = temp_dir("on-error");
     // The panicker test module panics on the row with id 3.
-    let status = Command::new(env!("CARGO"))
-        .args([
-            "build",
-            "--quiet",
-            "--release",
-            "--target",
-            "wasm32-wasip1",
-            "-p",
-            "example-panicker",
-        ])
-        .current_dir(workspace_root())
-        .status()
-        .expect("cargo");
-    assert!(status.success());
-    let module = datum_tests::target_dir().join("wasm32-wasip1/release/panicker.wasm");
+    let module = example_wasm_path("panicker");
     let mut config = String::from("state = \"state.redb\"\n");
     for policy in ["fail", "skip", "dead_letter"] {
         config.push_str(&format!(
