@@ -384,6 +384,11 @@ pub enum SinkSpec {
         /// Colour in the `pretty` format; default: when standard output is
         /// a terminal and `NO_COLOR` is unset.
         color: Option<bool>,
+        /// Each change also carries `columns`: every column's name,
+        /// PostgreSQL type and whether it is part of the key (default: only
+        /// the key's names, as `key`).
+        #[serde(default)]
+        column_types: bool,
     },
     /// JSON lines in a file, fsynced before each acknowledgement.
     File {
@@ -391,6 +396,11 @@ pub enum SinkSpec {
         path: Text,
         /// Start a new file once this one reaches this size (`"100MiB"`).
         rotate_at: Option<Size>,
+        /// Each change also carries `columns`: every column's name,
+        /// PostgreSQL type and whether it is part of the key (default: only
+        /// the key's names, as `key`).
+        #[serde(default)]
+        column_types: bool,
     },
     /// Changes applied to a PostgreSQL database.
     Postgres {
@@ -418,6 +428,11 @@ pub enum SinkSpec {
         /// Longest delay between retries.
         #[serde(default = "default_retry_max")]
         retry_max: Span,
+        /// Each change also carries `columns`: every column's name,
+        /// PostgreSQL type and whether it is part of the key (default: only
+        /// the key's names, as `key`).
+        #[serde(default)]
+        column_types: bool,
     },
 }
 
@@ -693,6 +708,18 @@ impl Config {
                         p.name.0
                     ));
                 }
+            }
+            if let SinkSpec::Stdout {
+                format: StdoutFormat::Pretty,
+                column_types: true,
+                ..
+            } = p.sink
+            {
+                return Err(format!(
+                    "pipeline `{}`: `column_types` adds columns to JSON lines; the `pretty` \
+                     format shows no types: drop one of the two",
+                    p.name.0
+                ));
             }
             let slot = p.slot();
             if let Some(other) = slots.insert(slot.clone(), &p.name.0) {
@@ -1099,7 +1126,8 @@ sink.type = "stdout"
             p.sink,
             SinkSpec::Stdout {
                 format: StdoutFormat::Json,
-                color: None
+                color: None,
+                column_types: false,
             }
         ));
     }

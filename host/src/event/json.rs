@@ -305,6 +305,9 @@ pub(crate) enum ColumnsForm {
     Omit,
     /// Never, but the key's column names as `key` (sinks' JSON lines).
     KeyOnly,
+    /// The key's column names as `key`, then every column (sinks' JSON
+    /// lines with `column_types`).
+    KeyAndFull,
     /// Always.
     Full,
 }
@@ -341,7 +344,7 @@ impl Serialize for ChangeJson<'_> {
             .map(|col| col.name.as_str())
             .collect();
         let write_columns = match self.columns {
-            ColumnsForm::Full => !c.columns.is_empty(),
+            ColumnsForm::Full | ColumnsForm::KeyAndFull => !c.columns.is_empty(),
             ColumnsForm::Omit | ColumnsForm::KeyOnly => false,
             ColumnsForm::Auto => {
                 let key: Vec<String> = key.iter().map(|k| (*k).to_owned()).collect();
@@ -350,10 +353,16 @@ impl Serialize for ChangeJson<'_> {
         };
         // `key` even when empty: what is written states the columns, and a
         // reader then compares them.
+        let write_key = match self.columns {
+            ColumnsForm::Omit => false,
+            ColumnsForm::KeyOnly | ColumnsForm::KeyAndFull => !c.columns.is_empty(),
+            ColumnsForm::Auto | ColumnsForm::Full => !write_columns && !c.columns.is_empty(),
+        };
+        if write_key {
+            map.serialize_entry("key", &key)?;
+        }
         if write_columns {
             map.serialize_entry("columns", &c.columns)?;
-        } else if !c.columns.is_empty() && self.columns != ColumnsForm::Omit {
-            map.serialize_entry("key", &key)?;
         }
         if let Some(old) = &c.old {
             map.serialize_entry("old", &RowJson(old))?;

@@ -14,6 +14,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use super::json::Columns;
 use super::{Sink, SinkError, jsonl};
 use crate::transform::Transformed;
 
@@ -21,6 +22,7 @@ use crate::transform::Transformed;
 #[derive(Debug)]
 pub(crate) struct FileSink {
     state: Arc<Mutex<State>>,
+    columns: Columns,
     buffer: Vec<u8>,
     written: u64,
 }
@@ -70,9 +72,16 @@ impl FileSink {
                 size,
                 rotate_at,
             })),
+            columns: Columns::Key,
             buffer: Vec::new(),
             written: 0,
         })
+    }
+
+    /// Writes the changes' columns as `columns` says.
+    pub(crate) fn with_columns(mut self, columns: Columns) -> FileSink {
+        self.columns = columns;
+        self
     }
 }
 
@@ -159,7 +168,7 @@ impl Sink for FileSink {
     async fn write_group(&mut self, batches: &[Transformed]) -> Result<(), SinkError> {
         self.buffer.clear();
         for batch in batches {
-            jsonl::render(batch, &mut self.buffer);
+            jsonl::render(batch, self.columns, &mut self.buffer);
         }
         if self.buffer.is_empty() {
             return Ok(());

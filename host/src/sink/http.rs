@@ -35,7 +35,7 @@ use serde::ser::{SerializeMap, Serializer};
 
 use super::{Sink, SinkError};
 use crate::event::json::TxnJson;
-use crate::sink::json::SinkChangeJson;
+use crate::sink::json::{Columns, SinkChangeJson};
 use crate::transform::Transformed;
 
 /// The header that names the batch.
@@ -53,6 +53,7 @@ pub struct HttpSink {
     headers: HeaderMap,
     timeout: Duration,
     key_prefix: String,
+    columns: Columns,
     body: Vec<u8>,
     written: u64,
 }
@@ -133,9 +134,17 @@ impl HttpSink {
             headers: map,
             timeout,
             key_prefix: String::new(),
+            columns: Columns::Key,
             body: Vec::new(),
             written: 0,
         })
+    }
+
+    /// With `column_types`, each change also carries `columns`: every
+    /// column's name, PostgreSQL type and key flag.
+    pub fn with_column_types(mut self, column_types: bool) -> HttpSink {
+        self.columns = Columns::from_flag(column_types);
+        self
     }
 
     /// Prefixes every idempotency key with `prefix:` — the pipeline's name,
@@ -168,12 +177,13 @@ pub(crate) fn idempotency_key(txn: &Txn) -> String {
     format!("{}-{:X}-{}", txn.xid, txn.commit_lsn, txn.chunk)
 }
 
-/// Writes the request body of `batch` to `out` (see the module docs).
-pub(crate) fn render(batch: &Transformed, out: &mut Vec<u8>) {
-    struct Changes<'a>(&'a Transformed);
+/// Writes the request body of `batch` to `out` (see the module docs), with
+/// the changes' columns as `columns` says.
+pub(crate) fn render(batch: &Transformed, columns: Columns, out: &mut Vec<u8>) {
+    struct Changes<'a>(&'a Transformed, Columns);
     impl serde::Serialize for Changes<'_> {
         fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-            serializer.collect_seq(self.0.changes().map(SinkChangeJson))
+            serializer.collect_seq(self.0.changes().map(|c| SinkChangeJson(c, self.1)))
         }
     }
     let mut serializer = serde_json::Serializer::new(&mut *out);
@@ -182,7 +192,7 @@ pub(crate) fn render(batch: &Transformed, out: &mut Vec<u8>) {
     let _ = (|| {
         let mut map = serializer.serialize_map(Some(2))?;
         map.serialize_entry("txn", &TxnJson(batch.txn()))?;
-        map.serialize_entry("changes", &Changes(batch))?;
+        map.serialize_entry("changes", &Changes(batch, columns))?;
         map.end()
     })();
 }
@@ -193,7 +203,7 @@ impl Sink for HttpSink {
             return Ok(());
         }
         self.body.clear();
-        render(batch, &mut self.body);
+        render(batch, self.columns, &mut self.body);
         let key = self.idempotency_key(batch.txn());
         let key_value = HeaderValue::from_str(&key)
             .map_err(|_| SinkError::definite(format!("http sink: bad idempotency key `{key}`")))?;

@@ -7,22 +7,50 @@ use serde::{Serialize, Serializer};
 
 use crate::event::json::{ChangeJson, ColumnsForm, ValueJson};
 
+/// What a sink's JSON says of a change's columns (`column_types` in the
+/// sink's configuration).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum Columns {
+    /// The key's column names, as `key`.
+    #[default]
+    Key,
+    /// `key`, and every column's name, PostgreSQL type and key flag as
+    /// `columns`.
+    Typed,
+}
+
+impl Columns {
+    /// `Typed` when `column_types` is set.
+    pub(crate) fn from_flag(column_types: bool) -> Columns {
+        if column_types {
+            Columns::Typed
+        } else {
+            Columns::Key
+        }
+    }
+}
+
 /// A change of a transformed batch in the sinks' JSON form: what
-/// `ChangeJson { columns: ColumnsForm::KeyOnly }` writes for its wire form,
-/// written straight from the source's rows when the change is one (no copy
-/// of names or values per row: this is the sinks' hot path).
+/// `ChangeJson { columns: ColumnsForm::KeyOnly }` (or `KeyAndFull`) writes
+/// for its wire form, written straight from the source's rows when the
+/// change is one (no copy of names or values per row: this is the sinks'
+/// hot path).
 #[derive(Debug)]
-pub(crate) struct SinkChangeJson<'a>(pub crate::transform::encode::ChangeRef<'a>);
+pub(crate) struct SinkChangeJson<'a>(pub crate::transform::encode::ChangeRef<'a>, pub Columns);
 
 impl Serialize for SinkChangeJson<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use crate::event::Change as Source;
         use crate::transform::encode::ChangeRef;
+        let form = match self.1 {
+            Columns::Key => ColumnsForm::KeyOnly,
+            Columns::Typed => ColumnsForm::KeyAndFull,
+        };
         let (op, relation, old, new) = match self.0 {
             ChangeRef::Wire(change) => {
                 return ChangeJson {
                     change,
-                    columns: ColumnsForm::KeyOnly,
+                    columns: form,
                 }
                 .serialize(serializer);
             }
@@ -41,7 +69,7 @@ impl Serialize for SinkChangeJson<'_> {
             ChangeRef::Source(other) => {
                 return ChangeJson {
                     change: &crate::transform::encode::to_wire(other),
-                    columns: ColumnsForm::KeyOnly,
+                    columns: form,
                 }
                 .serialize(serializer);
             }
@@ -50,6 +78,23 @@ impl Serialize for SinkChangeJson<'_> {
         impl Serialize for Key<'_> {
             fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
                 serializer.collect_seq(self.0.iter().filter(|c| c.key).map(|c| &c.name))
+            }
+        }
+        struct Typed<'a>(&'a [crate::event::Column]);
+        impl Serialize for Typed<'_> {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                #[derive(Serialize)]
+                struct Entry<'a> {
+                    name: &'a str,
+                    #[serde(rename = "type")]
+                    type_name: &'a str,
+                    key: bool,
+                }
+                serializer.collect_seq(self.0.iter().map(|c| Entry {
+                    name: &c.name,
+                    type_name: &c.type_name,
+                    key: c.key,
+                }))
             }
         }
         struct Fields<'a> {
@@ -76,6 +121,9 @@ impl Serialize for SinkChangeJson<'_> {
         }
         if !relation.columns.is_empty() {
             map.serialize_entry("key", &Key(&relation.columns))?;
+            if self.1 == Columns::Typed {
+                map.serialize_entry("columns", &Typed(&relation.columns))?;
+            }
         }
         if let Some(old) = old {
             map.serialize_entry(
@@ -210,19 +258,36 @@ mod tests {
                 content: b"hello".to_vec(),
             },
         ];
-        for change in &changes {
-            let fast = serde_json::to_string(&SinkChangeJson(ChangeRef::Source(change)))
+        for (columns, form) in [
+            (Columns::Key, ColumnsForm::KeyOnly),
+            (Columns::Typed, ColumnsForm::KeyAndFull),
+        ] {
+            for change in &changes {
+                let fast =
+                    serde_json::to_string(&SinkChangeJson(ChangeRef::Source(change), columns))
+                        .expect("serialize");
+                let wire = to_wire(change);
+                let slow = serde_json::to_string(&ChangeJson {
+                    change: &wire,
+                    columns: form,
+                })
                 .expect("serialize");
-            let wire = to_wire(change);
-            let slow = serde_json::to_string(&ChangeJson {
-                change: &wire,
-                columns: ColumnsForm::KeyOnly,
-            })
-            .expect("serialize");
-            assert_eq!(fast, slow, "{change:?}");
-            let via_wire =
-                serde_json::to_string(&SinkChangeJson(ChangeRef::Wire(&wire))).expect("serialize");
-            assert_eq!(via_wire, slow);
+                assert_eq!(fast, slow, "{change:?}");
+                let via_wire =
+                    serde_json::to_string(&SinkChangeJson(ChangeRef::Wire(&wire), columns))
+                        .expect("serialize");
+                assert_eq!(via_wire, slow);
+                let typed = serde_json::from_str::<serde_json::Value>(&fast).expect("json");
+                let has_columns = typed.get("columns").is_some();
+                let has_key = typed.get("key").is_some();
+                let described = !wire.columns.is_empty();
+                assert_eq!(has_key, described, "{fast}");
+                assert_eq!(
+                    has_columns,
+                    described && columns == Columns::Typed,
+                    "{fast}"
+                );
+            }
         }
     }
 }

@@ -8,14 +8,15 @@
 use datum_guest::Txn;
 
 use crate::event::json::TxnJson;
-use crate::sink::json::SinkChangeJson;
+use crate::sink::json::{Columns, SinkChangeJson};
 use crate::transform::Transformed;
 
-/// Appends the batch's lines to `out`.
+/// Appends the batch's lines to `out`, with the change's columns as
+/// `columns` says.
 ///
 /// Each line is `{"txn": TXN, ...the change's fields}`; the transaction's
 /// JSON is rendered once per batch, not once per line.
-pub(crate) fn render(batch: &Transformed, out: &mut Vec<u8>) {
+pub(crate) fn render(batch: &Transformed, columns: Columns, out: &mut Vec<u8>) {
     let txn: &Txn = batch.txn();
     let mut prefix = b"{\"txn\":".to_vec();
     // Every key is a string and every value serializable: this cannot
@@ -25,7 +26,7 @@ pub(crate) fn render(batch: &Transformed, out: &mut Vec<u8>) {
     for change in batch.changes() {
         out.extend_from_slice(&prefix);
         let start = out.len();
-        let _ = serde_json::to_writer(&mut *out, &SinkChangeJson(change));
+        let _ = serde_json::to_writer(&mut *out, &SinkChangeJson(change, columns));
         // The change is a JSON object with at least `op`: drop its `{`,
         // the line's own opened it.
         out.remove(start);
@@ -60,7 +61,7 @@ mod tests {
             ],
         };
         let mut out = Vec::new();
-        render(&batch, &mut out);
+        render(&batch, Columns::Key, &mut out);
         let text = String::from_utf8(out).expect("utf-8");
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 2, "{text}");

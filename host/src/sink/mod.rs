@@ -21,6 +21,7 @@ use crate::transform::Transformed;
 
 use file::FileSink;
 use http::HttpSink;
+use json::Columns;
 use postgres::PostgresSink;
 use stdout::StdoutSink;
 
@@ -169,20 +170,28 @@ pub(crate) async fn open(spec: &SinkSpec, pipeline: &str) -> Result<AnySink, Str
     Ok(match spec {
         SinkSpec::Stdout {
             format: StdoutFormat::Json,
+            column_types,
             ..
-        } => AnySink::Stdout(StdoutSink::new()),
+        } => AnySink::Stdout(StdoutSink::new(Columns::from_flag(*column_types))),
         SinkSpec::Stdout {
             format: StdoutFormat::Pretty,
             color,
+            ..
         } => AnySink::Stdout(StdoutSink::pretty(*color)),
-        SinkSpec::File { path, rotate_at } => AnySink::File(
+        SinkSpec::File {
+            path,
+            rotate_at,
+            column_types,
+        } => AnySink::File(
             FileSink::open(Path::new(&path.0), rotate_at.map(|s| s.0 as u64))
-                .map_err(|e| e.to_string())?,
+                .map_err(|e| e.to_string())?
+                .with_columns(Columns::from_flag(*column_types)),
         ),
         SinkSpec::Http {
             url,
             headers,
             timeout,
+            column_types,
             ..
         } => AnySink::Http(
             HttpSink::new(
@@ -194,7 +203,7 @@ pub(crate) async fn open(spec: &SinkSpec, pipeline: &str) -> Result<AnySink, Str
                 timeout.0,
             )
             .and_then(|sink| sink.with_key_prefix(name))
-            .map(Box::new)
+            .map(|sink| Box::new(sink.with_column_types(*column_types)))
             .map_err(|e| e.to_string())?,
         ),
         SinkSpec::Postgres {

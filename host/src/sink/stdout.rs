@@ -5,6 +5,7 @@
 
 use std::io::{IsTerminal, Write};
 
+use super::json::Columns;
 use super::pretty::{self, Style};
 use super::{Sink, SinkError, jsonl};
 use crate::transform::Transformed;
@@ -14,13 +15,18 @@ use crate::transform::Transformed;
 pub(crate) struct StdoutSink {
     buffer: Vec<u8>,
     pretty: Option<Style>,
+    columns: Columns,
     written: u64,
 }
 
 impl StdoutSink {
-    /// A sink writing JSON lines to the process's standard output.
-    pub(crate) fn new() -> StdoutSink {
-        StdoutSink::default()
+    /// A sink writing JSON lines to the process's standard output, with the
+    /// changes' columns as `columns` says.
+    pub(crate) fn new(columns: Columns) -> StdoutSink {
+        StdoutSink {
+            columns,
+            ..StdoutSink::default()
+        }
     }
 
     /// A sink writing the readable view of [`pretty`] instead; `color`
@@ -33,6 +39,7 @@ impl StdoutSink {
         StdoutSink {
             buffer: Vec::new(),
             pretty: Some(Style { color }),
+            columns: Columns::Key,
             written: 0,
         }
     }
@@ -53,7 +60,7 @@ impl Sink for StdoutSink {
                     pretty::render(batch, style, &mut text);
                     self.buffer.extend_from_slice(text.as_bytes());
                 }
-                None => jsonl::render(batch, &mut self.buffer),
+                None => jsonl::render(batch, self.columns, &mut self.buffer),
             }
         }
         let mut out = std::io::stdout().lock();

@@ -900,3 +900,96 @@ module = "modules/missing.wasm"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `column_types = true` on the JSON sinks: every change carries `columns`,
+/// each column's name, PostgreSQL type (an enum by its name, arrays with
+/// `[]`) and key flag, beside `key`; straight from the source (file sink)
+/// and after a module (http sink through mask_pii) alike. Without it a
+/// line carries only `key`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_sinks_with_column_types_name_every_column_and_its_type() {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    client
+        .batch_execute(
+            "CREATE TYPE mood AS ENUM ('ok', 'sad');
+             CREATE TABLE t (id int8 PRIMARY KEY, n int4, email text, m mood, \
+                             amount numeric(10, 2), tags text[])",
+        )
+        .await
+        .expect("schema");
+    let dir = temp_dir("column-types");
+    let receiver = HttpReceiver::start().await;
+    let url = toml_string(&pg.conninfo("postgres"));
+    let config = format!(
+        r#"
+state = "state.redb"
+
+[[pipeline]]
+name = "typed_file"
+source = {{ url = {url}, tables = ["public.t"] }}
+snapshot.mode = "never"
+sink = {{ type = "file", path = "typed.jsonl", column_types = true }}
+
+[[pipeline]]
+name = "typed_http"
+source = {{ url = {url}, tables = ["public.t"] }}
+snapshot.mode = "never"
+sink = {{ type = "http", url = {http}, headers = {{ Authorization = "Bearer s3cret" }}, column_types = true }}
+transforms = [{{ module = {module}, config = {{ columns = ["email"], salt = "s" }} }}]
+
+[[pipeline]]
+name = "plain"
+source = {{ url = {url}, tables = ["public.t"] }}
+snapshot.mode = "never"
+sink = {{ type = "file", path = "plain.jsonl" }}
+"#,
+        http = toml_string(&receiver.url),
+        module = toml_string(example_wasm_path("mask_pii").to_str().unwrap()),
+    );
+    let host = Host::start(&dir, &config);
+    wait_for_slots(
+        &client,
+        &["datum_typed_file", "datum_typed_http", "datum_plain"],
+        &host,
+    )
+    .await;
+    client
+        .batch_execute(
+            "INSERT INTO t VALUES (1, 2, 'a@example.com', 'ok', 1.50, '{x,y}');
+             UPDATE t SET m = 'sad' WHERE id = 1;
+             DELETE FROM t WHERE id = 1;",
+        )
+        .await
+        .expect("changes");
+    let deleted = |l: &Json| l["op"] == "delete";
+    let typed_file = wait_for_line(&dir.join("typed.jsonl"), &host, deleted);
+    let plain = wait_for_line(&dir.join("plain.jsonl"), &host, deleted);
+    let typed_http = Output::Http(receiver).wait_for(&host, deleted).await;
+    let expected = serde_json::json!([
+        {"name": "id", "type": "int8", "key": true},
+        {"name": "n", "type": "int4", "key": false},
+        {"name": "email", "type": "text", "key": false},
+        {"name": "m", "type": "mood", "key": false},
+        {"name": "amount", "type": "numeric", "key": false},
+        {"name": "tags", "type": "text[]", "key": false},
+    ]);
+    for (sink, lines) in [("file", &typed_file), ("http", &typed_http)] {
+        let ops: Vec<&Json> = lines.iter().map(|l| &l["op"]).collect();
+        assert_eq!(ops, ["insert", "update", "delete"], "{sink}: {lines:?}");
+        for line in lines {
+            assert_eq!(line["columns"], expected, "{sink}: {line}");
+            assert_eq!(line["key"], serde_json::json!(["id"]), "{sink}: {line}");
+        }
+    }
+    // The module ran on the http pipeline's changes.
+    assert_ne!(typed_http[0]["new"]["email"], "a@example.com");
+    assert_eq!(plain.len(), 3, "{plain:?}");
+    for line in &plain {
+        assert!(line.get("columns").is_none(), "{line}");
+        assert_eq!(line["key"], serde_json::json!(["id"]), "{line}");
+    }
+    let (status, log) = host.stop(20);
+    assert!(status.success(), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
