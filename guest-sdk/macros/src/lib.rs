@@ -417,6 +417,12 @@ fn generate(kind: &Kind, function: &ItemFn, argument: &Type, result: &Type) -> T
         #check_argument
         #check_result
 
+        // Natively no export calls the function: this use keeps a private
+        // `fn` from being reported as never used in `cargo test` builds.
+        const _: () = {
+            let _ = #ident;
+        };
+
         // A second transform (or init) anywhere in the crate collides here.
         #[doc(hidden)]
         #[macro_export]

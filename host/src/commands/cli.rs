@@ -142,8 +142,16 @@ pub enum Command {
         path: Option<PathBuf>,
         /// The datum-guest SDK to depend on, as a path (default: the SDK of
         /// the source tree this datum was built from, when it exists).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "sdk_git")]
         sdk: Option<PathBuf>,
+        /// Depend on the SDK in this git repository (a Datum repository's
+        /// URL) instead of a path, so the crate builds outside the checkout.
+        #[arg(long, value_name = "URL")]
+        sdk_git: Option<String>,
+        /// The commit, tag or branch of --sdk-git (default: its default
+        /// branch).
+        #[arg(long, value_name = "REV", requires = "sdk_git")]
+        sdk_rev: Option<String>,
     },
     /// Manage a running host over its admin API (docs/admin.md): status,
     /// pause and resume, module versions (hot swap, rollback), dead

@@ -170,6 +170,8 @@ pub fn dispatch(command: cli::Command) -> Result<Outcome, CommandError> {
             kind,
             path,
             sdk,
+            sdk_git,
+            sdk_rev,
         } => new::command(new::Options {
             dir: path.unwrap_or_else(|| name.clone().into()),
             name,
@@ -180,6 +182,8 @@ pub fn dispatch(command: cli::Command) -> Result<Outcome, CommandError> {
                 cli::Kind::Transform => new::Kind::Transform,
             },
             sdk,
+            sdk_git,
+            sdk_rev,
         }),
         cli::Command::Admin {
             config,

@@ -53,8 +53,9 @@ impl Kind {
                 input: include_str!("../../templates/new/filter.input.json"),
                 expected: include_str!("../../templates/new/filter.expected.json"),
                 behaviour: "it keeps every change except the rows of tables named \
-                            `audit_log`, in any schema (truncates and logical messages \
-                            always pass).",
+                            `audit_log`, in any schema, and truncates of nothing but such \
+                            tables (a truncate that names other tables too passes whole; \
+                            logical messages always pass).",
             },
             Kind::Map => KindTemplate {
                 lib_rs: include_str!("../../templates/new/map.rs"),
@@ -112,8 +113,78 @@ pub(crate) struct Options {
     /// The directory to create (or an empty one to fill).
     pub dir: PathBuf,
     /// The `guest-sdk` directory of a Datum checkout; the one this binary was
-    /// built from when `None`.
+    /// built from when `None` (and no `sdk_git`).
     pub sdk: Option<PathBuf>,
+    /// A git repository holding the SDK (a Datum repository), instead of a
+    /// path: the crate then builds anywhere.
+    pub sdk_git: Option<String>,
+    /// The commit, tag or branch of `sdk_git` (its default branch if none).
+    pub sdk_rev: Option<String>,
+}
+
+/// Where the crate's `datum-guest` dependency comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Sdk {
+    /// A directory (absolute).
+    Path(PathBuf),
+    /// A git repository, at a revision or its default branch.
+    Git { url: String, rev: Option<String> },
+}
+
+impl Sdk {
+    /// The dependency's lines in Cargo.toml, with a comment that says what
+    /// it is.
+    fn dependency(&self) -> String {
+        let quoted = |text: &str| toml::Value::String(text.to_owned()).to_string();
+        match self {
+            Sdk::Path(path) => format!(
+                "# Datum's guest SDK is not published on crates.io: this is a path into a\n\
+                 # Datum checkout (`datum new --sdk-git URL` makes a git dependency\n\
+                 # instead, which builds anywhere). Use the SDK of the `datum` you run.\n\
+                 datum-guest = {{ path = {} }}",
+                quoted(&path.to_string_lossy())
+            ),
+            Sdk::Git { url, rev } => format!(
+                "# Datum's guest SDK is not published on crates.io: cargo fetches it from\n\
+                 # this git repository{}. Use the SDK of the `datum` you run.\n\
+                 datum-guest = {{ git = {}{} }}",
+                if rev.is_some() {
+                    " at this revision"
+                } else {
+                    "'s default branch"
+                },
+                quoted(url),
+                rev.as_ref()
+                    .map(|rev| format!(", rev = {}", quoted(rev)))
+                    .unwrap_or_default()
+            ),
+        }
+    }
+}
+
+impl fmt::Display for Sdk {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Sdk::Path(path) => write!(f, "at {}", path.display()),
+            Sdk::Git {
+                url,
+                rev: Some(rev),
+            } => write!(f, "from git {url} at {rev}"),
+            Sdk::Git { url, rev: None } => write!(f, "from git {url}"),
+        }
+    }
+}
+
+/// What became of `git init` in the new crate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Git {
+    /// A repository was initialised.
+    Initialised,
+    /// The directory is inside a repository already (and not ignored by
+    /// it), as `cargo new` leaves it.
+    Inside,
+    /// git is not installed, or failed: the message says which.
+    Skipped(String),
 }
 
 /// What was created.
@@ -128,8 +199,10 @@ pub(crate) struct Created {
     /// The library's name: the crate's with `-` turned into `_`, and the
     /// module's file name (`target/wasm32-wasip1/release/LIB.wasm`).
     pub lib_name: String,
-    /// The SDK the crate depends on (absolute).
-    pub sdk: PathBuf,
+    /// The SDK the crate depends on.
+    pub sdk: Sdk,
+    /// What `git init` did.
+    pub git: Git,
 }
 
 impl Created {
@@ -156,7 +229,12 @@ impl fmt::Display for Created {
             let relative = file.strip_prefix(&self.dir).unwrap_or(file);
             writeln!(f, "  {}", relative.display())?;
         }
-        writeln!(f, "with the guest SDK at {}", self.sdk.display())?;
+        writeln!(f, "with the guest SDK {}", self.sdk)?;
+        match &self.git {
+            Git::Initialised => writeln!(f, "initialised a git repository (with a .gitignore)")?,
+            Git::Inside => writeln!(f, "inside a git repository already: no new one made")?,
+            Git::Skipped(why) => writeln!(f, "no git repository made: {why}")?,
+        }
         writeln!(f)?;
         writeln!(f, "next steps:")?;
         writeln!(f, "  cd {}", shell_quote(&self.dir.to_string_lossy()))?;
@@ -195,10 +273,12 @@ enum Reason {
     )]
     BadSdk { path: PathBuf, why: String },
     #[error(
-        "pass --sdk PATH to the guest-sdk directory of a Datum checkout (the SDK is not \
-         published on crates.io)"
+        "pass --sdk PATH to the guest-sdk directory of a Datum checkout, or --sdk-git URL of \
+         a Datum repository (the SDK is not published on crates.io)"
     )]
     NoSdk,
+    #[error("--sdk-rev needs --sdk-git: a path dependency has no revision")]
+    RevWithoutGit,
     #[error(
         "the SDK path {} is not valid UTF-8, which Cargo.toml needs; pass --sdk with \
          another checkout",
@@ -237,13 +317,26 @@ fn create_inner(options: &Options) -> Result<Created, Reason> {
     check_name(&options.name)?;
     let lib_name = options.name.replace('-', "_");
     let dir_exists = check_dir(&options.dir)?;
-    let sdk = find_sdk(options.sdk.as_deref())?;
-    let sdk_text = sdk
-        .to_str()
-        .ok_or_else(|| Reason::NonUtf8Sdk(sdk.clone()))?;
+    let sdk = match (&options.sdk_git, &options.sdk_rev) {
+        (Some(url), rev) => Sdk::Git {
+            url: url.clone(),
+            rev: rev.clone(),
+        },
+        (None, Some(_)) => return Err(Reason::RevWithoutGit),
+        (None, None) => {
+            let path = find_sdk(options.sdk.as_deref())?;
+            if path.to_str().is_none() {
+                return Err(Reason::NonUtf8Sdk(path));
+            }
+            Sdk::Path(path)
+        }
+    };
     let template = options.kind.template();
-    let fixtures_doc = sdk
-        .parent()
+    let checkout = match &sdk {
+        Sdk::Path(path) => path.parent(),
+        Sdk::Git { .. } => None,
+    };
+    let fixtures_doc = checkout
         .map(|checkout| checkout.join("docs/fixtures.md"))
         .filter(|doc| doc.exists())
         .map(|doc| format!(" (in the checkout the SDK comes from: `{}`)", doc.display()))
@@ -255,11 +348,7 @@ fn create_inner(options: &Options) -> Result<Created, Reason> {
             .replace("{{attribute}}", options.kind.attribute())
             .replace("{{behaviour}}", template.behaviour)
             .replace("{{fixtures_doc}}", &fixtures_doc)
-            // A TOML string, quoted and escaped.
-            .replace(
-                "{{sdk}}",
-                &toml::Value::String(sdk_text.to_owned()).to_string(),
-            );
+            .replace("{{sdk_dependency}}", &sdk.dependency());
         debug_assert!(!out.contains("{{"), "a placeholder is left in {out}");
         out
     };
@@ -297,7 +386,44 @@ fn create_inner(options: &Options) -> Result<Created, Reason> {
         kind: options.kind,
         lib_name,
         sdk,
+        git: git_init(&options.dir),
     })
+}
+
+/// `git init` in `dir`, as `cargo new` does: not when `dir` is inside a
+/// repository that does not ignore it (the crate is then part of that
+/// project), and never failing the scaffold (the files are written).
+fn git_init(dir: &Path) -> Git {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .current_dir(dir)
+            .stdin(std::process::Stdio::null())
+            .output()
+    };
+    match git(&["rev-parse", "--is-inside-work-tree"]) {
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            return Git::Skipped("git is not installed (run `git init` later)".into());
+        }
+        Err(err) => return Git::Skipped(format!("running git: {err}")),
+        Ok(out) if out.status.success() => {
+            // Inside a work tree: a new repository only where that one
+            // ignores the directory (a build or scratch directory).
+            let ignored = git(&["check-ignore", "-q", "."]).is_ok_and(|o| o.status.success());
+            if !ignored {
+                return Git::Inside;
+            }
+        }
+        Ok(_) => {}
+    }
+    match git(&["init", "-q"]) {
+        Ok(out) if out.status.success() => Git::Initialised,
+        Ok(out) => Git::Skipped(format!(
+            "`git init` failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
+        Err(err) => Git::Skipped(format!("running git: {err}")),
+    }
 }
 
 /// Writes files under `dir`, remembering what it made so a failure can take
@@ -500,6 +626,8 @@ mod tests {
             kind,
             dir: dir.to_owned(),
             sdk: None,
+            sdk_git: None,
+            sdk_rev: None,
         }
     }
 
@@ -627,7 +755,70 @@ mod tests {
         // The SDK's Cargo.toml is accepted for its directory.
         opts.sdk = Some(Path::new(BUILT_SDK).join("Cargo.toml"));
         let created = create(&opts).expect("created");
-        assert_eq!(created.sdk, std::fs::canonicalize(BUILT_SDK).expect("sdk"));
+        assert_eq!(
+            created.sdk,
+            Sdk::Path(std::fs::canonicalize(BUILT_SDK).expect("sdk"))
+        );
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+
+    /// Whether git runs here (the git tests say so when it does not).
+    fn have_git() -> bool {
+        std::process::Command::new("git")
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    }
+
+    #[test]
+    fn a_new_crate_gets_its_own_repository_unless_inside_one() {
+        if !have_git() {
+            eprintln!("git is not installed: skipping");
+            return;
+        }
+        let dir = scratch("git-init");
+        let created = create(&options(&dir, Kind::Filter)).expect("created");
+        assert_eq!(created.git, Git::Initialised);
+        assert!(dir.join(".git").is_dir());
+        assert!(created.to_string().contains("initialised a git repository"));
+        // Inside that repository, a second crate is part of it.
+        let inner = dir.join("inner");
+        let created = create(&options(&inner, Kind::Map)).expect("created");
+        assert_eq!(created.git, Git::Inside);
+        assert!(!inner.join(".git").exists());
+        // ... unless the repository ignores the directory.
+        std::fs::write(dir.join(".gitignore"), "/target\n/scratch\n").expect("ignore");
+        let ignored = dir.join("scratch/crate");
+        let created = create(&options(&ignored, Kind::Map)).expect("created");
+        assert_eq!(created.git, Git::Initialised);
+        assert!(ignored.join(".git").is_dir());
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+
+    #[test]
+    fn a_git_sdk_becomes_a_git_dependency_at_its_revision() {
+        let dir = scratch("git-sdk");
+        let mut opts = options(&dir, Kind::Filter);
+        opts.sdk_rev = Some("v0.1.0".into());
+        let err = message(create(&opts));
+        assert!(err.contains("--sdk-rev needs --sdk-git"), "{err}");
+        assert!(!dir.exists());
+
+        opts.sdk_git = Some("https://example.com/datum.git".into());
+        let created = create(&opts).expect("created");
+        let manifest: toml::Table = std::fs::read_to_string(dir.join("Cargo.toml"))
+            .expect("Cargo.toml")
+            .parse()
+            .expect("Cargo.toml parses");
+        let sdk = &manifest["dependencies"]["datum-guest"];
+        assert_eq!(sdk["git"].as_str(), Some("https://example.com/datum.git"));
+        assert_eq!(sdk["rev"].as_str(), Some("v0.1.0"));
+        assert!(sdk.get("path").is_none(), "{sdk:?}");
+        let printed = created.to_string();
+        assert!(
+            printed.contains("with the guest SDK from git https://example.com/datum.git at v0.1.0"),
+            "{printed}"
+        );
         std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 

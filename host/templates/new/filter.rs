@@ -9,12 +9,23 @@ use datum_guest::{Change, Result, filter};
 const DROPPED_TABLE: &str = "audit_log";
 
 /// Keeps a change unless it is an insert, update, delete or snapshot row of
-/// a table named `audit_log`. Truncates and logical messages always pass: a
-/// truncate may name other tables too, and dropping it would leave their
-/// rows in the sink.
+/// a table named `audit_log`, or a truncate of nothing but such tables: the
+/// sink never got their rows, so it need not truncate them either (the
+/// `postgres` sink stops at a truncate of a table the target lacks).
+///
+/// A truncate that names other tables as well passes whole: dropping it
+/// would leave their rows in the sink, and a filter cannot edit a change.
+/// Where the target has no `audit_log`, a `#[map]` that takes it out of
+/// `change.truncate`'s tables does that. Logical messages always pass.
 #[filter]
 pub fn keep(change: &Change) -> Result<bool> {
-    Ok(!(change.is_row_change() && change.table == DROPPED_TABLE))
+    if change.is_row_change() {
+        return Ok(change.table != DROPPED_TABLE);
+    }
+    Ok(match &change.truncate {
+        Some(truncate) => !truncate.tables.iter().all(|t| t.table == DROPPED_TABLE),
+        None => true,
+    })
 }
 
 #[cfg(test)]
@@ -32,6 +43,7 @@ mod tests {
                 Change::insert("public", "audit_log").new_row(row! { "id" => 2 }),
                 Change::delete("archive", "audit_log").old_row(row! { "id" => 3 }),
                 Change::truncate_tables([("public", "audit_log"), ("public", "users")]),
+                Change::truncate_tables([("public", "audit_log")]),
             ],
         );
         // Runs the function the way the module does: the batch is encoded,

@@ -1,8 +1,9 @@
 //! `datum new`, through the real binary: every kind scaffolds a crate that
 //! builds for wasm32-wasip1 and passes its own golden fixture with
 //! `datum test`, as the printed next steps say; one is also unit-tested
-//! natively. Wrong names, directories and SDKs are refused with exit code 2
-//! and nothing written.
+//! natively; a git dependency on the SDK builds outside the checkout. Wrong
+//! names, directories and SDKs are refused with exit code 2 and nothing
+//! written.
 //!
 //! The four crates build into one shared target directory
 //! (`target/scaffold`), one after the other, so the SDK and its dependencies
@@ -123,9 +124,74 @@ fn every_kind_builds_and_passes_its_own_fixtures() {
         );
 
         if kind == "filter" {
-            succeeds(&mut cargo(&dir, &["test"]));
+            // A private `#[init]` function is used by the module's export,
+            // which a native build does not have: no "never used" warning.
+            let lib_rs = dir.join("src/lib.rs");
+            let mut source = std::fs::read_to_string(&lib_rs).expect("lib.rs");
+            source.push_str(
+                "\n#[datum_guest::init]\nfn setup(config: datum_guest::Config) -> \
+                 datum_guest::Result<()> {\n    let _ = config;\n    Ok(())\n}\n",
+            );
+            std::fs::write(&lib_rs, source).expect("lib.rs");
+            let output = run(&mut cargo(&dir, &["test"]));
+            assert!(output.status.success(), "{}", text(&output));
+            assert!(!text(&output).contains("never used"), "{}", text(&output));
+            // `git init`, as `cargo new` does (the scratch directory is
+            // outside any repository).
+            assert!(
+                dir.join(".git").is_dir(),
+                "no repository in {}",
+                dir.display()
+            );
         }
     }
+}
+
+/// `--sdk-git URL --sdk-rev REV` makes a crate that builds outside any
+/// checkout: cargo fetches the SDK from the repository (here a bare clone
+/// of this one, by file URL, at its HEAD commit).
+#[test]
+fn a_git_sdk_dependency_builds_outside_the_checkout() {
+    let scratch = Scratch::new("git-sdk");
+    let repo = scratch.0.join("datum.git");
+    let root = datum_tests::workspace_root();
+    succeeds(
+        Command::new("git")
+            .args(["clone", "--quiet", "--bare"])
+            .arg(&root)
+            .arg(&repo),
+    );
+    let head = succeeds(
+        Command::new("git")
+            .args(["rev-parse", "HEAD"])
+            .current_dir(&repo),
+    );
+    let url = format!("file://{}", repo.display());
+    let dir = scratch.0.join("elsewhere");
+    let printed = succeeds(
+        Command::new(datum_bin())
+            .args([
+                "new",
+                "git-filter",
+                "--sdk-git",
+                &url,
+                "--sdk-rev",
+                head.trim(),
+            ])
+            .arg("--path")
+            .arg(&dir),
+    );
+    assert!(printed.contains(&format!("from git {url} at")), "{printed}");
+    let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).expect("Cargo.toml");
+    assert!(!manifest.contains("path ="), "{manifest}");
+    // Not `--offline`: cargo must fetch the git dependency (by file URL; the
+    // SDK's own dependencies are in the local registry cache already).
+    let mut check = Command::new(env!("CARGO"));
+    check
+        .args(["check", "--quiet", "--lib"])
+        .current_dir(&dir)
+        .env("CARGO_TARGET_DIR", target_dir().join("scaffold"));
+    succeeds(&mut check);
 }
 
 fn refused(args: &[&str], dir: &Path) -> String {
