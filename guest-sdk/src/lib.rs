@@ -39,11 +39,76 @@
 //!
 //! Build the module with `cargo build --release --target wasm32-wasip1` and
 //! `crate-type = ["cdylib", "rlib"]`; test its logic natively, and the whole
-//! path from batch to envelope with [`testing`].
+//! path from batch to envelope with [`testing`] (which also shows a module
+//! tested with its configuration: [`testing::run_init`], then
+//! [`testing::run_map`]).
+//!
+//! # Values
+//!
+//! A change's rows (`change.new`, `change.old`, or [`Change::row`]) hold a
+//! [`Value`] per column. Typed getters answer `None` for a missing column,
+//! NULL or another type: [`Row::get_str`], [`Row::get_i64`],
+//! [`Row::get_f64`], [`Row::get_bool`], [`Row::get_json`]..., or
+//! [`Row::get`] and the `Value::as_*` methods ([`Value::as_numeric`],
+//! [`Value::as_timestamp`]...). [`Change::set_column`] and [`Row::set`]
+//! write anything that converts into a [`Value`].
+//!
+//! A `numeric` arrives as its exact decimal text (`"12.50"`, also `"NaN"`,
+//! `"Infinity"` and `"-Infinity"`), never as a float. To compute with it,
+//! turn on the `decimal` feature (`features = ["decimal"]` on the
+//! `datum-guest` dependency): `numeric` values then read as `rust_decimal`'s
+//! `Decimal` (re-exported as `datum_guest::Decimal`) with
+//! `row.get_decimal("price")` or `value.to_decimal()`, exactly or with an
+//! error (for `NaN`, the infinities and numbers beyond a `Decimal`'s 28 or
+//! 29 digits), never rounded; and a `Decimal` converts back into a
+//! `numeric` value, its scale kept:
+//!
+//! ```
+//! # #[cfg(feature = "decimal")]
+//! # fn main() -> datum_guest::Result<()> {
+//! use datum_guest::{Change, Context, Result, Value, map, row};
+//!
+//! /// Adds `total = price × quantity + shipping` to each order.
+//! #[map]
+//! fn add_total(mut change: Change) -> Result<Change> {
+//!     let Some(order) = change.new.as_ref() else {
+//!         return Ok(change); // a delete
+//!     };
+//!     let price = order.get_decimal("price")?.context("no price")?;
+//!     let quantity = order.get_decimal("quantity")?.context("no quantity")?; // an int4
+//!     let shipping = order.get_decimal("shipping")?.unwrap_or_default(); // NULL: 0
+//!     // `checked_*`: an overflow is an error, not a panic.
+//!     let total = price
+//!         .checked_mul(quantity)
+//!         .and_then(|subtotal| subtotal.checked_add(shipping))
+//!         .context("the total overflows")?;
+//!     change.set_column("total", "numeric", total);
+//!     Ok(change)
+//! }
+//!
+//! let order = Change::insert("public", "orders")
+//!     .column("price", "numeric", false)
+//!     .column("quantity", "int4", false)
+//!     .column("shipping", "numeric", false)
+//!     .new_row(row! {
+//!         "price" => Value::Numeric("0.70".into()),
+//!         "quantity" => 3,
+//!         "shipping" => Value::Numeric("0.10".into()),
+//!     });
+//! let order = add_total(order)?;
+//! // 2.20 exactly (with `f64`: 2.1999999999999997).
+//! let total = order.new.as_ref().and_then(|row| row.get("total"));
+//! assert_eq!(total, Some(&Value::Numeric("2.20".into())));
+//! # Ok(()) }
+//! # #[cfg(not(feature = "decimal"))]
+//! # fn main() {}
+//! ```
 
 pub mod abi;
 mod change;
 mod config;
+#[cfg(feature = "decimal")]
+mod decimal;
 mod error;
 #[cfg(target_arch = "wasm32")]
 mod exports;
@@ -57,6 +122,16 @@ pub use config::Config;
 pub use datum_guest_macros::{filter, flat_map, init, map, transform};
 pub use error::{Context, Error, Result};
 pub use lazy::LazyBatch;
+/// `rust_decimal`, the crate of [`Decimal`], for the rest of its API
+/// (`RoundingStrategy`, `prelude::ToPrimitive`...) at the version the SDK
+/// converts with. With the `decimal` feature.
+#[cfg(feature = "decimal")]
+pub use rust_decimal;
+/// An exact decimal number: what a `numeric` value reads as with
+/// [`Value::to_decimal`] and [`Row::get_decimal`], and converts back from.
+/// With the `decimal` feature.
+#[cfg(feature = "decimal")]
+pub use rust_decimal::Decimal;
 pub use wire::{
     Batch, Change, Column, Date, Envelope, GuestError, Interval, LogicalMessage, Op, Output, Row,
     TableName, Timestamp, Truncate, Txn, Value,

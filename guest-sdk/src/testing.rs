@@ -15,6 +15,82 @@
 //! let answer = testing::run_filter(keep_even, &batch).unwrap();
 //! assert_eq!(answer.kept(), [1, 3]);
 //! ```
+//!
+//! A module whose behaviour depends on its configuration is tested the way
+//! the host runs it: [`run_init`] first, with a [`Config`] as the pipeline's
+//! TOML table gives it ([`Config::from_toml`]), then [`run_map`] (or any
+//! other `run_*`) on a batch. An `#[init]` keeps its settings in a `static`,
+//! which is set once per process; to try other configurations, test the
+//! logic with the settings passed in.
+//!
+//! ```
+//! use std::sync::OnceLock;
+//!
+//! use datum_guest::{Batch, Change, Config, Context, Error, Result, Txn, init, map, row, testing};
+//!
+//! /// Replaces a column's value with a mask.
+//! struct Settings {
+//!     column: String,
+//!     mask: String,
+//! }
+//!
+//! impl Settings {
+//!     fn from_config(config: &Config) -> Result<Settings> {
+//!         config.reject_unknown(&["column", "mask"])?;
+//!         Ok(Settings {
+//!             column: config.require("column")?,
+//!             mask: config.get("mask")?.unwrap_or_else(|| "***".to_owned()),
+//!         })
+//!     }
+//!
+//!     fn apply(&self, mut change: Change) -> Result<Change> {
+//!         for row in change.rows_mut() {
+//!             if row.get(&self.column).is_some_and(|v| !v.is_null()) {
+//!                 row.set(self.column.as_str(), self.mask.as_str());
+//!             }
+//!         }
+//!         Ok(change)
+//!     }
+//! }
+//!
+//! static SETTINGS: OnceLock<Settings> = OnceLock::new();
+//!
+//! #[init]
+//! fn configure(config: Config) -> Result<()> {
+//!     let settings = Settings::from_config(&config)?;
+//!     SETTINGS.set(settings).map_err(|_| Error::new("configured twice"))
+//! }
+//!
+//! #[map]
+//! fn mask(change: Change) -> Result<Change> {
+//!     SETTINGS.get().context("not configured")?.apply(change)
+//! }
+//!
+//! let batch = Batch::new(Txn::committed(1, 10), vec![
+//!     Change::insert("public", "users").new_row(row! { "id" => 1, "email" => "ada@example.com" }),
+//! ]);
+//! let email = |answer: &testing::Answer| {
+//!     answer.changes()[0].new.as_ref().and_then(|r| r.get_str("email")).map(str::to_owned)
+//! };
+//!
+//! // Configured, then fed a batch, as in a pipeline.
+//! testing::run_init(configure, &Config::from_toml(r#"column = "email""#)).unwrap();
+//! let answer = testing::run_map(mask, &batch).unwrap();
+//! assert_eq!(email(&answer).as_deref(), Some("***"));
+//!
+//! // A configuration the module refuses: the error the host would report.
+//! let typo = Config::from_toml(r#"colum = "email""#);
+//! let error = testing::run_init(|c| Settings::from_config(&c).map(drop), &typo).unwrap_err();
+//! assert_eq!(error.message(), "unknown configuration key `colum` (expected one of: column, mask)");
+//!
+//! // Another configuration, its settings passed to the same logic.
+//! let other = Settings::from_config(&Config::from_toml(r#"
+//!     column = "email"
+//!     mask = "redacted"
+//! "#)).unwrap();
+//! let answer = testing::run_map(|c| other.apply(c), &batch).unwrap();
+//! assert_eq!(email(&answer).as_deref(), Some("redacted"));
+//! ```
 
 use crate::Config;
 use crate::abi::{

@@ -63,7 +63,10 @@ impl Value {
         }
     }
 
-    /// The decimal text of a `numeric`.
+    /// The decimal text of a `numeric`, exact: `12.50`, or `NaN`,
+    /// `Infinity`, `-Infinity`. To compute with it, the `decimal` feature
+    /// reads it as a `rust_decimal::Decimal` (`to_decimal`), and converts a
+    /// `Decimal` back into a `numeric` value.
     pub fn as_numeric(&self) -> Option<&str> {
         match self {
             Value::Numeric(n) => Some(n),
@@ -259,6 +262,19 @@ mod tests {
             Some(1)
         );
         assert_eq!(Value::Unchanged.kind(), "unchanged");
+    }
+
+    /// Runs with and without the `decimal` feature: it adds ways to read a
+    /// `numeric`, and changes none of these.
+    #[test]
+    fn numeric_is_exact_text() {
+        for text in ["12.50", "-0.001", "NaN", "Infinity", "-Infinity"] {
+            let value = Value::Numeric(text.into());
+            assert_eq!(value.as_numeric(), Some(text));
+            assert_eq!(value.to_text().as_deref(), Some(text));
+            assert_eq!((value.as_f64(), value.as_i64()), (None, None));
+            assert_eq!(value.kind(), "numeric");
+        }
     }
 
     #[test]
