@@ -29,9 +29,16 @@ test: _pg _wasm-target
     # resolution, so wasmtime compiles once (tests/src/lib.rs, datum_bin).
     cargo build --workspace --bins --tests
     # One package per build, as the tests build them (so features resolve
-    # the same way and the tests' builds are no-ops).
+    # the same way and the tests' builds are no-ops). An example without a
+    # Cargo.toml (in C) has a build.sh, which says what to install if its
+    # compiler is missing.
     for dir in examples-wasm/*/ tests/guests/*/; do
-        cargo build --release --target wasm32-wasip1 -p "example-$(basename "$dir")"
+        name=$(basename "$dir")
+        if [ -f "${dir%/}/Cargo.toml" ]; then
+            cargo build --release --target wasm32-wasip1 -p "example-$name"
+        else
+            "${dir%/}/build.sh" "${CARGO_TARGET_DIR:-target}/wasm32-wasip1/release/$name.wasm"
+        fi
     done
     if cargo nextest --version >/dev/null 2>&1; then
         cargo nextest run --workspace
@@ -46,11 +53,16 @@ wasm: _wasm-target
     set -euo pipefail
     shopt -s nullglob
     built=0
-    for manifest in examples-wasm/*/Cargo.toml; do
-        cargo build --release --target wasm32-wasip1 --manifest-path "$manifest"
+    out=${CARGO_TARGET_DIR:-target}/wasm32-wasip1/release
+    for dir in examples-wasm/*/; do
+        if [ -f "${dir%/}/Cargo.toml" ]; then
+            cargo build --release --target wasm32-wasip1 --manifest-path "${dir%/}/Cargo.toml"
+        else
+            "${dir%/}/build.sh" "$out/$(basename "$dir").wasm"
+        fi
         built=$((built + 1))
     done
-    echo "built $built example module(s) into target/wasm32-wasip1/release/"
+    echo "built $built example module(s) into $out/"
 
 # Run every example's golden fixtures (`just golden-bless` rewrites the
 # expected files from the modules' output: review the diff before committing).
@@ -58,9 +70,10 @@ golden: wasm
     #!/usr/bin/env bash
     set -euo pipefail
     cargo build -q -p datum --bin datum
+    target=${CARGO_TARGET_DIR:-target}
     for dir in examples-wasm/*/fixtures; do
         name=$(basename "$(dirname "$dir")")
-        target/debug/datum test "target/wasm32-wasip1/release/$name.wasm" "$dir"
+        "$target/debug/datum" test "$target/wasm32-wasip1/release/$name.wasm" "$dir"
     done
 
 # Rewrite the examples' expected files from their modules' output.
@@ -68,9 +81,10 @@ golden-bless: wasm
     #!/usr/bin/env bash
     set -euo pipefail
     cargo build -q -p datum --bin datum
+    target=${CARGO_TARGET_DIR:-target}
     for dir in examples-wasm/*/fixtures; do
         name=$(basename "$(dirname "$dir")")
-        target/debug/datum test "target/wasm32-wasip1/release/$name.wasm" "$dir" --bless
+        "$target/debug/datum" test "$target/wasm32-wasip1/release/$name.wasm" "$dir" --bless
     done
     git status --short examples-wasm
 

@@ -117,8 +117,18 @@ fn is_package_variable(name: &str) -> bool {
 
 /// The path of an example module from `examples-wasm/`, built for
 /// `wasm32-wasip1` in release mode first (once per test process; a no-op
-/// when it is up to date), so that tests never run a stale module.
+/// when it is up to date), so that tests never run a stale module. An
+/// example with a `build.sh` instead of a crate (the C one) is built by it.
 pub fn example_wasm_path(name: &str) -> std::path::PathBuf {
+    let script = workspace_root()
+        .join("examples-wasm")
+        .join(name)
+        .join("build.sh");
+    if script.exists() {
+        let path = target_dir().join(format!("wasm32-wasip1/release/{name}.wasm"));
+        script_build_once(&script, &path);
+        return path;
+    }
     let package = format!("example-{name}");
     cargo_build_once(
         &["--release", "--target", "wasm32-wasip1", "-p", &package],
@@ -127,6 +137,24 @@ pub fn example_wasm_path(name: &str) -> std::path::PathBuf {
         ),
     );
     target_dir().join(format!("wasm32-wasip1/release/{name}.wasm"))
+}
+
+/// Runs `script OUT` once per process for each script; the script prints
+/// what to install when its compiler is missing.
+fn script_build_once(script: &std::path::Path, out: &std::path::Path) {
+    use std::sync::Mutex;
+    static BUILT: Mutex<Vec<std::path::PathBuf>> = Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if built.iter().any(|s| s == script) {
+        return;
+    }
+    let status = std::process::Command::new(script)
+        .arg(out)
+        .current_dir(workspace_root())
+        .status()
+        .unwrap_or_else(|err| panic!("running {}: {err}", script.display()));
+    assert!(status.success(), "{} failed", script.display());
+    built.push(script.to_owned());
 }
 
 /// The bytes of an example module (see [`example_wasm_path`]).

@@ -14,15 +14,21 @@ use std::process::Command;
 use datum::Outcome;
 use datum_tests::{datum_bin, example_wasm_path, workspace_root};
 
-/// Every example module, each with `examples-wasm/<name>/fixtures/`.
-const EXAMPLES: [&str; 6] = [
-    "identity",
-    "filter_rows",
-    "mask_pii",
-    "route_by_table",
-    "project_columns",
-    "enrich_json",
-];
+/// Every example module: each directory of `examples-wasm/`, which must
+/// have a `fixtures/` directory (Rust crates and the C module alike).
+fn examples() -> Vec<String> {
+    let dir = workspace_root().join("examples-wasm");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|err| panic!("reading {}: {err}", dir.display()))
+        .filter_map(|entry| {
+            let entry = entry.expect("a directory entry");
+            let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+            is_dir.then(|| entry.file_name().to_string_lossy().into_owned())
+        })
+        .collect();
+    names.sort();
+    names
+}
 
 fn fixtures(example: &str) -> PathBuf {
     workspace_root()
@@ -162,12 +168,19 @@ impl Drop for Scratch {
 
 #[test]
 fn every_example_passes_its_fixtures() {
-    // Build first (cargo runs one build at a time anyway), then run the six
+    // Build first (cargo runs one build at a time anyway), then run the
     // suites side by side.
-    let wasm: Vec<PathBuf> = EXAMPLES.iter().map(|e| example_wasm_path(e)).collect();
+    let examples = examples();
+    for known in ["identity", "filter_rows", "drop_columns_c"] {
+        assert!(
+            examples.iter().any(|e| e == known),
+            "{known} is not among {examples:?}"
+        );
+    }
+    let wasm: Vec<PathBuf> = examples.iter().map(|e| example_wasm_path(e)).collect();
     datum_bin();
     let runs: Vec<Run> = std::thread::scope(|scope| {
-        let handles: Vec<_> = EXAMPLES
+        let handles: Vec<_> = examples
             .iter()
             .zip(&wasm)
             .map(|(example, wasm)| scope.spawn(move || datum_test(wasm, &fixtures(example), &[])))
@@ -177,7 +190,7 @@ fn every_example_passes_its_fixtures() {
             .map(|h| h.join().expect("a datum test run"))
             .collect()
     });
-    for (example, run) in EXAMPLES.iter().zip(runs) {
+    for (example, run) in examples.iter().zip(runs) {
         let cases = case_count(&fixtures(example));
         assert!(cases >= 4, "{example} has {cases} golden cases");
         assert_eq!(run.code, Some(0), "{example}: {run}");
