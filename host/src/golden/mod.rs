@@ -762,10 +762,46 @@ pub fn run_suite(
         &runner.module.sha256()[..12],
     )
     .map_err(out_err)?;
+    // The shared configuration is vetted once, up front: a module that
+    // refuses it would fail every case that uses it with the same diff.
+    let refused = runner
+        .module
+        .instance()
+        .warm()
+        .err()
+        .map(|error| Actual::from_error(&error));
+    if let Some(Actual::Error { kind, message, .. }) = &refused {
+        let source = match &dir_config_path {
+            Some(path) => path.display().to_string(),
+            None => "(none: an empty table)".to_owned(),
+        };
+        writeln!(
+            out,
+            "the module refused the configuration {source} ({kind}): {message}\n  \
+             every case without its own {CONFIG_SUFFIX} fails unless it expects exactly \
+             this; fix the configuration (or pass another with --config)"
+        )
+        .map_err(out_err)?;
+    }
     let mut summary = Summary::default();
     for name in names {
-        let result = Case::load(dir, &name)
-            .and_then(|case| runner.run(&case, dir_config.as_ref(), options.bless));
+        let case = Case::load(dir, &name);
+        if let (Some(refusal), Ok(case)) = (&refused, &case)
+            && case.config_path.is_none()
+            && case
+                .expected
+                .as_ref()
+                .is_none_or(|expected| compare(expected, refusal).is_some())
+        {
+            summary.failed += 1;
+            writeln!(
+                out,
+                "test {name} ... FAILED: the module refused the configuration (above)"
+            )
+            .map_err(out_err)?;
+            continue;
+        }
+        let result = case.and_then(|case| runner.run(&case, dir_config.as_ref(), options.bless));
         let result = match result {
             Ok(result) => result,
             Err(err @ (GoldenError::Fixture { .. } | GoldenError::Config { .. })) => {

@@ -541,3 +541,77 @@ fn run_suite_works_in_process() {
         rejected.actual
     );
 }
+
+/// A configuration the module refuses is reported once, before the cases,
+/// with the file and the module's message; each case that uses it fails on
+/// one line with no diff, and --bless writes nothing for them. A case with
+/// its own configuration still runs, and one that expects exactly that
+/// refusal passes.
+#[test]
+fn a_refused_configuration_fails_once_up_front_not_as_a_diff_per_case() {
+    let scratch = Scratch::new("refused-config");
+    for case in [
+        "masks_email_in_new_and_old",
+        "keeps_nulls_and_unchanged_toast_values",
+        "masks_only_the_listed_tables",
+    ] {
+        scratch.copy_case("mask_pii", case);
+    }
+    // The same refusal as `rejects_empty_columns` expects, but shared.
+    std::fs::write(scratch.path().join(datum::DIR_CONFIG), "columns = []\n").expect("config");
+    scratch.copy(
+        &fixtures("mask_pii").join("rejects_empty_columns.input.json"),
+        "expects_the_refusal.input.json",
+    );
+    scratch.copy(
+        &fixtures("mask_pii").join("rejects_empty_columns.expected.json"),
+        "expects_the_refusal.expected.json",
+    );
+    scratch.copy(
+        &fixtures("mask_pii").join("rejects_empty_columns.input.json"),
+        "not_yet_expected.input.json",
+    );
+    let wasm = example_wasm_path("mask_pii");
+
+    for args in [&[][..], &["--bless"][..]] {
+        let run = datum_test(&wasm, scratch.path(), args);
+        assert_eq!(run.code, Some(1), "{run}");
+        let config = scratch.path().join(datum::DIR_CONFIG);
+        let refusal = format!(
+            "the module refused the configuration {} (init_failed): module initialisation \
+             failed: `columns` names no column to mask",
+            config.display()
+        );
+        assert_eq!(run.stdout.matches(&refusal).count(), 1, "{run}");
+        for case in [
+            "masks_email_in_new_and_old",
+            "keeps_nulls_and_unchanged_toast_values",
+            "not_yet_expected",
+        ] {
+            assert!(
+                run.stdout.contains(&format!(
+                    "test {case} ... FAILED: the module refused the configuration (above)\n"
+                )),
+                "{case}: {run}"
+            );
+        }
+        assert!(run.diff_lines('-').is_empty(), "no diffs: {run}");
+        assert!(
+            run.stdout
+                .contains("test masks_only_the_listed_tables ... ok"),
+            "{run}"
+        );
+        assert!(
+            run.stdout.contains("test expects_the_refusal ... ok"),
+            "{run}"
+        );
+        assert_eq!(run.tally(), "2 passed, 3 failed", "{run}");
+        assert!(
+            !scratch
+                .path()
+                .join("not_yet_expected.expected.json")
+                .exists(),
+            "nothing blessed from a refused configuration: {run}"
+        );
+    }
+}
