@@ -202,7 +202,10 @@ pub async fn run(bench: &mut Bench) -> Table {
         conninfo: bench.conninfo(Transport::Tcp),
         slot: "lat".into(),
         transforms: bench.transforms(&[("identity", "{}")]),
-        extra: "snapshot.mode = \"never\"\n".into(),
+        extra: format!(
+            "snapshot.mode = \"never\"\n{}",
+            bench.args.chunk_size_toml()
+        ),
     }];
     let host = Host::start(&bench.datum, &dir, PUBLICATION, &pipelines).await;
     let baseline_file = dir.join("baseline.txt");

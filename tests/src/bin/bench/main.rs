@@ -33,6 +33,9 @@ struct Args {
     changes: u64,
     reps: usize,
     only: Option<Vec<String>>,
+    /// `snapshot.chunk_size` of the copies (snapshot, latency during a
+    /// copy); Datum's default when unset.
+    chunk_size: Option<usize>,
 }
 
 impl Args {
@@ -42,6 +45,7 @@ impl Args {
             changes: 0,
             reps: 0,
             only: None,
+            chunk_size: None,
         };
         let mut it = std::env::args().skip(1);
         while let Some(arg) = it.next() {
@@ -62,6 +66,14 @@ impl Args {
                         .parse()
                         .unwrap_or_else(|_| usage("--reps takes a number"))
                 }
+                "--chunk-size" => {
+                    args.chunk_size = Some(
+                        value("--chunk-size")
+                            .replace('_', "")
+                            .parse()
+                            .unwrap_or_else(|_| usage("--chunk-size takes a number")),
+                    )
+                }
                 "--only" => {
                     args.only = Some(value("--only").split(',').map(str::to_owned).collect())
                 }
@@ -78,6 +90,14 @@ impl Args {
         args
     }
 
+    /// The `snapshot.chunk_size` line for a pipeline that copies (empty for
+    /// Datum's default).
+    fn chunk_size_toml(&self) -> String {
+        self.chunk_size
+            .map(|n| format!("snapshot.chunk_size = {n}\n"))
+            .unwrap_or_default()
+    }
+
     fn runs(&self, section: &str) -> bool {
         self.only
             .as_ref()
@@ -90,7 +110,7 @@ fn usage(problem: &str) -> ! {
         eprintln!("error: {problem}");
     }
     eprintln!(
-        "usage: bench [--quick] [--changes N] [--reps N] \
+        "usage: bench [--quick] [--changes N] [--reps N] [--chunk-size N] \
          [--only throughput,transforms,checkpoints,hotswap,latency,memory,snapshot]"
     );
     std::process::exit(2)

@@ -97,7 +97,10 @@ async fn backfill(bench: &Bench, rep: usize, rows: u64) -> (Duration, f64) {
             conninfo: bench.conninfo(Transport::Tcp),
             slot,
             transforms: bench.transforms(&[("identity", "{}")]),
-            extra: "snapshot.mode = \"never\"\nsnapshot.chunk_size = 10000\n".into(),
+            extra: format!(
+                "snapshot.mode = \"never\"\n{}",
+                bench.args.chunk_size_toml()
+            ),
         }],
     )
     .await;
