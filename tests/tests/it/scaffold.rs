@@ -190,7 +190,10 @@ fn a_git_sdk_dependency_builds_outside_the_checkout() {
     check
         .args(["check", "--quiet", "--lib"])
         .current_dir(&dir)
-        .env("CARGO_TARGET_DIR", target_dir().join("scaffold"));
+        .env("CARGO_TARGET_DIR", target_dir().join("scaffold"))
+        // git itself, which also fetches from a shallow clone (a CI
+        // checkout may be one).
+        .env("CARGO_NET_GIT_FETCH_WITH_CLI", "true");
     succeeds(&mut check);
 }
 
