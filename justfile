@@ -72,22 +72,24 @@ wasm: _wasm-target
 golden: wasm
     #!/usr/bin/env bash
     set -euo pipefail
-    cargo build -q -p datum --bin datum
+    # The demo's build of datum (Cargo.toml, profile `demo`): quick to
+    # compile, and shared with `just demo`.
+    cargo build --profile demo -p datum --bin datum
     target=${CARGO_TARGET_DIR:-target}
     for dir in examples-wasm/*/fixtures; do
         name=$(basename "$(dirname "$dir")")
-        "$target/debug/datum" test "$target/wasm32-wasip1/release/$name.wasm" "$dir"
+        "$target/demo/datum" test "$target/wasm32-wasip1/release/$name.wasm" "$dir"
     done
 
 # Rewrite the examples' expected files from their modules' output.
 golden-bless: wasm
     #!/usr/bin/env bash
     set -euo pipefail
-    cargo build -q -p datum --bin datum
+    cargo build --profile demo -p datum --bin datum
     target=${CARGO_TARGET_DIR:-target}
     for dir in examples-wasm/*/fixtures; do
         name=$(basename "$(dirname "$dir")")
-        "$target/debug/datum" test "$target/wasm32-wasip1/release/$name.wasm" "$dir" --bless
+        "$target/demo/datum" test "$target/wasm32-wasip1/release/$name.wasm" "$dir" --bless
     done
     git status --short examples-wasm
 
