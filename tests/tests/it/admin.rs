@@ -720,15 +720,9 @@ async fn lag_counts_against_the_server_while_paused_and_checkpoints_are_confirme
         .get(0);
     let deadline = Instant::now() + Duration::from_secs(1);
     loop {
-        let confirmed: Option<String> = client
-            .query_one(
-                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'datum_p'",
-                &[],
-            )
+        let confirmed = crate::checkpoint::confirmed_flush(client, "datum_p")
             .await
-            .expect("slot")
-            .get(0);
-        let confirmed = confirmed.map(|c| lsn(&c)).unwrap_or(0);
+            .0;
         // The insert's commit is below the position read after it.
         let (_, status) = admin.get("/v1/pipelines/p").await;
         let checkpointed = lsn(status["lsn"]["checkpointed"].as_str().unwrap_or("0/0"));

@@ -136,7 +136,8 @@ impl Sink for SlowSink {
     }
 }
 
-async fn confirmed_flush(client: &tokio_postgres::Client, slot: &str) -> Lsn {
+/// The slot's `confirmed_flush_lsn` (0/0 while it has none).
+pub(crate) async fn confirmed_flush(client: &tokio_postgres::Client, slot: &str) -> Lsn {
     let row = client
         .query_one(
             "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",

@@ -11,6 +11,7 @@ use datum::{Lsn, Offset, Store};
 use datum_tests::{cluster, connect, example_wasm, example_wasm_path};
 use serde_json::Value as Json;
 
+use crate::checkpoint::confirmed_flush;
 use crate::run::{Host, lines, temp_dir, toml_string, wait_for_line, wait_for_slots};
 
 const TOKEN: &str = "faults-admin-token-0123456789abcdef";
@@ -92,18 +93,6 @@ fn ids(path: &Path) -> Vec<i64> {
         .iter()
         .filter_map(|l| l["new"]["id"].as_i64())
         .collect()
-}
-
-async fn confirmed_flush(client: &tokio_postgres::Client) -> Lsn {
-    let text: Option<String> = client
-        .query_one(
-            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'datum_p'",
-            &[],
-        )
-        .await
-        .expect("slot")
-        .get(0);
-    text.and_then(|t| t.parse().ok()).unwrap_or_default()
 }
 
 async fn current_lsn(client: &tokio_postgres::Client) -> Lsn {
@@ -347,7 +336,7 @@ async fn a_full_disk_under_the_state_file_recovers_once_space_is_freed() {
     // While nothing can be committed, PostgreSQL hears of nothing newer.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
-        confirmed_flush(&f.client).await < stuck,
+        confirmed_flush(&f.client, "datum_p").await < stuck,
         "the slot passed what the state file holds"
     );
 
@@ -358,7 +347,7 @@ async fn a_full_disk_under_the_state_file_recovers_once_space_is_freed() {
         .expect("insert");
     let after = current_lsn(&f.client).await;
     let deadline = Instant::now() + Duration::from_secs(60);
-    while confirmed_flush(&f.client).await < after {
+    while confirmed_flush(&f.client, "datum_p").await < after {
         assert!(
             Instant::now() < deadline,
             "the slot never advanced after space was freed:\n{}",
@@ -411,7 +400,7 @@ async fn sigterm_with_failing_commits_exits_within_drain_timeout() {
     f.disk.free();
     let store = Store::open(f.disk.path.join("state.redb")).expect("the state file opens");
     let durable = store.offset("p").expect("read").map(|o| o.end_lsn);
-    let confirmed = confirmed_flush(&f.client).await;
+    let confirmed = confirmed_flush(&f.client, "datum_p").await;
     assert!(
         Some(confirmed) <= durable,
         "the slot ({confirmed}) passed the state file ({durable:?})"
@@ -448,7 +437,7 @@ async fn sigterm_with_a_stuck_module_exits_within_drain_timeout() {
         ),
     );
     wait_for_slots(&client, &["datum_p"], &host).await;
-    let before = confirmed_flush(&client).await;
+    let before = confirmed_flush(&client, "datum_p").await;
     client
         .batch_execute("INSERT INTO t VALUES (1)")
         .await
@@ -461,7 +450,7 @@ async fn sigterm_with_a_stuck_module_exits_within_drain_timeout() {
     assert!(!status.success(), "{status:?}\n{log}");
     assert!(took < Duration::from_secs(10), "took {took:?}:\n{log}");
     assert!(lines(&dir.join("out.jsonl")).is_empty());
-    assert_eq!(confirmed_flush(&client).await, before);
+    assert_eq!(confirmed_flush(&client, "datum_p").await, before);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -587,7 +576,7 @@ async fn a_clean_stop_confirms_the_final_checkpoint_to_the_slot() {
             "round {round}: the insert is checkpointed"
         );
         assert_eq!(
-            confirmed_flush(&client).await,
+            confirmed_flush(&client, "datum_p").await,
             durable,
             "round {round}: the slot is confirmed up to the state file\n{log}"
         );
