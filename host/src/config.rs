@@ -434,6 +434,173 @@ pub enum SinkSpec {
         #[serde(default)]
         column_types: bool,
     },
+    /// Each change published to a NATS JetStream stream.
+    Nats(Box<NatsSpec>),
+}
+
+/// `[pipeline.sink]` with `type = "nats"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NatsSpec {
+    /// `nats://host:4222` (`tls://` for TLS); several servers separated
+    /// by commas.
+    pub url: Text,
+    /// Each change's subject: text and `{pipeline}`, `{schema}`,
+    /// `{table}`, `{op}`, `{route}`.
+    #[serde(default = "default_nats_subject")]
+    pub subject: String,
+    /// The JetStream stream the subjects belong to.
+    pub stream: StreamName,
+    /// Create the stream when it is missing, with these settings.
+    pub create_stream: Option<NatsStreamSpec>,
+    /// `json` (the file sink's lines) or `msgpack` (the same map).
+    #[serde(default)]
+    pub format: NatsFormat,
+    /// A token the server expects.
+    pub token: Option<Text>,
+    /// A user (with `password`).
+    pub user: Option<Text>,
+    /// The user's password.
+    pub password: Option<Text>,
+    /// A user NKey seed (`SU…`).
+    pub nkey_seed: Option<Text>,
+    /// A `.creds` file (a user JWT and its seed); relative to the
+    /// configuration file's directory.
+    pub credentials: Option<Text>,
+    /// TLS towards the server.
+    #[serde(default)]
+    pub tls: NatsTlsSpec,
+    /// How long a message's acknowledgement may take.
+    #[serde(default = "default_nats_timeout")]
+    pub timeout: Span,
+    /// Messages awaiting JetStream's acknowledgement at most.
+    #[serde(default = "default_nats_max_pending")]
+    pub max_pending: Count,
+    /// First retry delay; doubles, with jitter, up to `retry_max`.
+    #[serde(default = "default_retry_initial")]
+    pub retry_initial: Span,
+    /// Longest delay between retries.
+    #[serde(default = "default_retry_max")]
+    pub retry_max: Span,
+    /// Each change also carries `columns`: every column's name,
+    /// PostgreSQL type and whether it is part of the key.
+    #[serde(default)]
+    pub column_types: bool,
+}
+
+/// The body of a `nats` sink's message.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NatsFormat {
+    /// The change as the `file` sink writes it (one JSON object).
+    #[default]
+    Json,
+    /// The same map in MessagePack.
+    Msgpack,
+}
+
+/// `tls` of a `nats` sink.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NatsTlsSpec {
+    /// Refuse to talk to the server without TLS.
+    #[serde(default)]
+    pub required: bool,
+    /// CA certificates (PEM) to trust besides the system's.
+    pub ca: Option<Text>,
+    /// A client certificate (PEM), for a server that verifies clients.
+    pub cert: Option<Text>,
+    /// The client certificate's key (PEM).
+    pub key: Option<Text>,
+}
+
+/// `create_stream` of a `nats` sink: the stream Datum creates when it is
+/// missing.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NatsStreamSpec {
+    /// The subjects the stream stores (wildcards allowed).
+    pub subjects: Vec<String>,
+    /// `limits`, `interest` or `workqueue`.
+    #[serde(default)]
+    pub retention: NatsRetention,
+    /// `file` or `memory`.
+    #[serde(default)]
+    pub storage: NatsStorage,
+    /// How long JetStream remembers message ids to drop duplicates.
+    #[serde(default = "default_duplicate_window")]
+    pub duplicate_window: Span,
+    /// How long messages are kept (none: until the limits).
+    pub max_age: Option<Span>,
+    /// Copies in a cluster.
+    #[serde(default = "default_replicas")]
+    pub replicas: Count,
+}
+
+/// A stream's retention policy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NatsRetention {
+    /// Kept until the stream's limits.
+    #[default]
+    Limits,
+    /// Kept while a consumer is interested.
+    Interest,
+    /// Removed once acknowledged.
+    Workqueue,
+}
+
+/// Where a stream keeps its messages.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NatsStorage {
+    /// On disk.
+    #[default]
+    File,
+    /// In memory.
+    Memory,
+}
+
+/// A JetStream stream's name: no spaces, `.`, `*`, `>`, path separators.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamName(pub String);
+
+impl<'de> Deserialize<'de> for StreamName {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<StreamName, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        if name.is_empty()
+            || name.len() > 255
+            || name
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control() || ".*>/\\".contains(c))
+        {
+            return Err(de::Error::custom(format!(
+                "{name:?} is not a JetStream stream name: use letters, digits, `-` and `_` \
+                 (no spaces, `.`, `*`, `>` or slashes)"
+            )));
+        }
+        Ok(StreamName(name))
+    }
+}
+
+fn default_nats_subject() -> String {
+    "datum.{pipeline}.{schema}.{table}".to_owned()
+}
+
+fn default_nats_timeout() -> Span {
+    Span(Duration::from_secs(5))
+}
+
+fn default_nats_max_pending() -> Count {
+    Count(1024)
+}
+
+fn default_duplicate_window() -> Span {
+    Span(Duration::from_secs(120))
+}
+
+fn default_replicas() -> Count {
+    Count(1)
 }
 
 /// What the `stdout` sink writes.
@@ -740,8 +907,20 @@ impl Config {
             for t in &mut p.transforms {
                 resolve(&mut t.module);
             }
-            if let SinkSpec::File { path, .. } = &mut p.sink {
-                resolve(path);
+            match &mut p.sink {
+                SinkSpec::File { path, .. } => resolve(path),
+                SinkSpec::Nats(nats) => {
+                    let NatsSpec {
+                        credentials, tls, ..
+                    } = &mut **nats;
+                    for path in [credentials, &mut tls.ca, &mut tls.cert, &mut tls.key]
+                        .into_iter()
+                        .flatten()
+                    {
+                        resolve(path);
+                    }
+                }
+                _ => {}
             }
         }
         if let Some(admin) = &mut self.admin

@@ -49,6 +49,7 @@ pub fn cluster() -> Cluster {
     Cluster::start().unwrap_or_else(|err| panic!("starting a throwaway PostgreSQL: {err}"))
 }
 
+pub mod nats;
 pub mod stream;
 
 /// The workspace's root directory.

@@ -169,14 +169,20 @@ async fn prepare_pipeline(
             .parallel_tables
             .map_or(crate::config::DEFAULT_PARALLEL_TABLES, |c| c.0),
     };
-    if let SinkSpec::Http {
-        retry_initial,
-        retry_max,
-        ..
-    } = &spec.sink
-    {
-        config.sink_retry_initial = retry_initial.0;
-        config.sink_retry_max = retry_max.0;
+    match &spec.sink {
+        SinkSpec::Http {
+            retry_initial,
+            retry_max,
+            ..
+        } => {
+            config.sink_retry_initial = retry_initial.0;
+            config.sink_retry_max = retry_max.0;
+        }
+        SinkSpec::Nats(nats) => {
+            config.sink_retry_initial = nats.retry_initial.0;
+            config.sink_retry_max = nats.retry_max.0;
+        }
+        _ => {}
     }
     Ok(Prepared { config, sink })
 }

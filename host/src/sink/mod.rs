@@ -9,6 +9,7 @@ pub(crate) mod file;
 pub(crate) mod http;
 pub(crate) mod json;
 pub(crate) mod jsonl;
+pub(crate) mod nats;
 pub(crate) mod postgres;
 pub(crate) mod pretty;
 pub(crate) mod stdout;
@@ -22,6 +23,7 @@ use crate::transform::Transformed;
 use file::FileSink;
 use http::HttpSink;
 use json::Columns;
+use nats::{NatsSettings, NatsSink};
 use postgres::PostgresSink;
 use stdout::StdoutSink;
 
@@ -132,6 +134,8 @@ pub(crate) enum AnySink {
     Http(Box<HttpSink>),
     /// `postgres`.
     Postgres(Box<PostgresSink>),
+    /// `nats`.
+    Nats(Box<NatsSink>),
 }
 
 impl Sink for AnySink {
@@ -141,6 +145,7 @@ impl Sink for AnySink {
             AnySink::File(sink) => sink.write(batch).await,
             AnySink::Http(sink) => sink.write(batch).await,
             AnySink::Postgres(sink) => sink.write(batch).await,
+            AnySink::Nats(sink) => sink.write(batch).await,
         }
     }
 
@@ -150,6 +155,7 @@ impl Sink for AnySink {
             AnySink::File(sink) => sink.write_group(batches).await,
             AnySink::Http(sink) => sink.write_group(batches).await,
             AnySink::Postgres(sink) => sink.write_group(batches).await,
+            AnySink::Nats(sink) => sink.write_group(batches).await,
         }
     }
 
@@ -159,6 +165,7 @@ impl Sink for AnySink {
             AnySink::File(sink) => sink.bytes_written(),
             AnySink::Http(sink) => sink.bytes_written(),
             AnySink::Postgres(sink) => sink.bytes_written(),
+            AnySink::Nats(sink) => sink.bytes_written(),
         }
     }
 }
@@ -222,5 +229,13 @@ pub(crate) async fn open(spec: &SinkSpec, pipeline: &str) -> Result<AnySink, Str
             .await
             .map_err(|e| e.to_string())?,
         )),
+        SinkSpec::Nats(nats) => {
+            let settings = NatsSettings::from_spec(nats)?;
+            AnySink::Nats(Box::new(
+                NatsSink::open(name, settings)
+                    .await
+                    .map_err(|e| e.to_string())?,
+            ))
+        }
     })
 }

@@ -9,6 +9,7 @@ mod faults;
 mod golden;
 mod harness;
 mod modules;
+mod nats;
 mod packaging;
 mod record;
 mod run;
