@@ -229,6 +229,11 @@ pub struct SourceSpec {
     /// (a new state file for a slot made by hand or by another host).
     #[serde(default)]
     pub adopt_slot: bool,
+    /// Stream only while this host holds the pipeline's leader lock on the
+    /// source (several hosts with the same pipeline: one streams, the
+    /// others stand by; `docs/scaling.md`).
+    #[serde(default)]
+    pub leader_lock: bool,
 }
 
 fn yes() -> bool {

@@ -670,7 +670,10 @@ async fn ready(State(app): State<Arc<App>>) -> Response {
     let mut ready = true;
     for p in &app.host.pipelines {
         let state = p.state();
-        ready &= matches!(state, PipelineState::Running | PipelineState::Paused);
+        ready &= matches!(
+            state,
+            PipelineState::Running | PipelineState::Paused | PipelineState::Standby
+        );
         states.insert(p.name.clone(), json!(state.as_str()));
     }
     let status = if ready {

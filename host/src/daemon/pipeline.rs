@@ -75,6 +75,10 @@ pub struct PipelineConfig {
     /// When the slot exists but the state file has no record of the
     /// pipeline: stream from the slot's position instead of refusing.
     pub adopt_slot: bool,
+    /// Stream only while holding the pipeline's leader lock
+    /// (`daemon::leader`); the slot's position then outranks an older
+    /// checkpoint in the state file (another host streamed meanwhile).
+    pub leader_lock: bool,
     /// The hot-swappable chain (`crate::daemon::hotswap`); when `None`, one is made
     /// from `modules`, outside the registry (version 0).
     pub chain: Option<Arc<ActiveChain>>,
@@ -103,6 +107,7 @@ impl PipelineConfig {
             sink_retry_max: Duration::from_secs(30),
             drain_timeout: Duration::from_secs(10),
             adopt_slot: false,
+            leader_lock: false,
             chain: None,
             source_stats: Arc::default(),
             stats: Arc::default(),
@@ -343,16 +348,31 @@ async fn start_position(
         // pipeline: a new or emptied file, or the wrong path. Starting over
         // silently would hide that (and the dead letters and module
         // versions the right file holds).
-        if !config.adopt_slot {
+        if !config.adopt_slot && !config.leader_lock {
             return Err(PipelineError::UnknownSlot {
                 slot: config.source.slot.clone(),
                 state: store.path().to_owned(),
             });
         }
-        tracing::warn!(pipeline = %name, slot = %config.source.slot, confirmed = ?prepared.confirmed_flush, "adopting the existing slot: streaming from its position (adopt_slot = true)");
+        tracing::warn!(pipeline = %name, slot = %config.source.slot, confirmed = ?prepared.confirmed_flush, "adopting the existing slot: streaming from its position (adopt_slot or leader_lock)");
         store.commit_offset(name, Offset::default())?;
     }
     let mut offset = checkpoint.unwrap_or_default();
+    if config.leader_lock
+        && let Some(confirmed) = prepared.confirmed_flush
+        && confirmed > offset.end_lsn
+    {
+        // Another host streamed the slot since this one last did: the
+        // slot's position (confirmed only once that host's sink had
+        // everything before it) is the checkpoint to resume from.
+        tracing::info!(pipeline = %name, checkpoint = %offset.end_lsn, %confirmed, "taking over the slot at its position");
+        offset = Offset {
+            end_lsn: confirmed,
+            commit_lsn: confirmed,
+            ..Offset::default()
+        };
+        store.reset_offset(name, offset)?;
+    }
     if prepared.resync_needed {
         tracing::warn!(pipeline = %name, "the slot was recreated: resynchronise the target");
         offset = Offset::default();

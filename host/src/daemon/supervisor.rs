@@ -39,6 +39,8 @@ impl Report {
 pub enum PipelineState {
     /// Connecting, preparing the slot.
     Starting,
+    /// Waiting for the leader lock another host holds (`leader_lock`).
+    Standby,
     /// Streaming.
     Running,
     /// Paused on request: drained, checkpointed, disconnected.
@@ -54,6 +56,7 @@ impl PipelineState {
     pub fn as_str(self) -> &'static str {
         match self {
             PipelineState::Starting => "starting",
+            PipelineState::Standby => "standby",
             PipelineState::Running => "running",
             PipelineState::Paused => "paused",
             PipelineState::Failed => "failed",
@@ -279,13 +282,46 @@ async fn supervise(
             control.set_state(PipelineState::Stopped);
             return Ok(());
         }
+        let mut lease = None;
+        if config.leader_lock {
+            control.set_state(PipelineState::Standby);
+            let (mut stop_rx, mut pause_rx) = (stop.clone(), pause.clone());
+            let cancel = async move {
+                tokio::select! {
+                    _ = stop_rx.wait_for(|s| *s) => {}
+                    _ = pause_rx.wait_for(|p| *p) => {}
+                }
+            };
+            let stats = control.stats.clone();
+            lease = super::leader::acquire(
+                &config.source.conninfo,
+                &config.source.slot,
+                &config.name,
+                |why| stats.record_error(format!("standby: {why}")),
+                cancel,
+            )
+            .await;
+            if lease.is_none() {
+                // Stopped or paused while standing by: the loop's top says
+                // which.
+                continue;
+            }
+        }
         control.set_state(PipelineState::Starting);
         let (started_tx, started_rx) = oneshot::channel();
         let (mut stop_rx, mut pause_rx) = (stop.clone(), pause.clone());
+        let lost = lease.as_mut();
         let shutdown = async move {
+            let lost = async move {
+                match lost {
+                    Some(lease) => lease.lost().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = stop_rx.wait_for(|s| *s) => {}
                 _ = pause_rx.wait_for(|p| *p) => {}
+                _ = lost => {}
             }
         };
         let started = async {
@@ -307,6 +343,11 @@ async fn supervise(
             control.stats.record_error(err.to_string());
             control.set_state(PipelineState::Failed);
             return Err(err);
+        }
+        if lease.as_ref().is_some_and(|l| l.is_lost()) && !*stop.borrow() {
+            // Drained and checkpointed after losing the lock: stand by.
+            drop(lease);
+            continue;
         }
         if *stop.borrow() || !*pause.borrow() {
             // Stopped by shutdown, or ended by itself (its sink's reader

@@ -339,19 +339,25 @@ impl NatsSink {
                     num_replicas: create.replicas,
                     ..Default::default()
                 };
-                self.context.create_stream(config).await.map_err(|e| {
-                    let message = format!("creating the JetStream stream {name}: {e}");
-                    // The server's refusal (bad settings, overlapping subjects) is
-                    // definite; no answer is not.
-                    if matches!(
-                        e.kind(),
-                        jetstream::context::CreateStreamErrorKind::JetStream(_)
-                    ) {
-                        SinkError::definite(message)
-                    } else {
-                        SinkError::transient(message)
+                if let Err(e) = self.context.create_stream(config).await {
+                    // Another host (or pipeline) may have created it
+                    // meanwhile: then it is there now.
+                    if self.context.get_stream(name).await.is_err() {
+                        let message = format!("creating the JetStream stream {name}: {e}");
+                        // The server's refusal (bad settings, overlapping
+                        // subjects) is definite; no answer is not.
+                        return Err(
+                            if matches!(
+                                e.kind(),
+                                jetstream::context::CreateStreamErrorKind::JetStream(_)
+                            ) {
+                                SinkError::definite(message)
+                            } else {
+                                SinkError::transient(message)
+                            },
+                        );
                     }
-                })?;
+                }
                 tracing::info!(pipeline = %self.pipeline, stream = %name, "nats sink: created the stream");
             }
             Err(e) => {

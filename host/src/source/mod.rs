@@ -229,6 +229,10 @@ pub struct SourceConfig {
     pub reconnect_initial: Duration,
     /// Longest delay between reconnection attempts.
     pub reconnect_max: Duration,
+    /// A slot confirmed past the checkpoint is where another host left it
+    /// (several hosts with one pipeline, `leader_lock`): stream from it
+    /// instead of refusing.
+    pub follow_slot: bool,
 }
 
 impl SourceConfig {
@@ -242,6 +246,7 @@ impl SourceConfig {
             publish_via_partition_root: false,
             terminate_stale_holder: false,
             recreate_slot: false,
+            follow_slot: false,
             limits: BatchLimits::default(),
             status_interval: None,
             reconnect_initial: Duration::from_millis(250),
@@ -397,6 +402,15 @@ fn plan_slot(
             "dropping the slot to recreate it: the target needs a resync"
         );
         return Ok(SlotPlan::Recreate(state));
+    }
+    if ahead && config.follow_slot {
+        tracing::info!(
+            slot = %config.slot,
+            checkpoint = %checkpoint.unwrap_or_default(),
+            confirmed = %state.confirmed_flush.unwrap_or_default(),
+            "the slot is past this host's checkpoint (another host streamed it): resuming from the slot"
+        );
+        return Ok(SlotPlan::Use(state));
     }
     if ahead {
         return Err(SourceError::FastForward {

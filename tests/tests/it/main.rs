@@ -8,6 +8,7 @@ mod demo;
 mod faults;
 mod golden;
 mod harness;
+mod leader;
 mod modules;
 mod nats;
 mod packaging;

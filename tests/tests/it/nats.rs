@@ -202,6 +202,11 @@ async fn schema(url: &str) {
 /// Checks that `messages` hold exactly the changes of `written`, each once
 /// (by `Nats-Msg-Id`), in commit order within each subject.
 fn assert_exactly(messages: &[Stored], written: &[Written]) {
+    assert_exactly_in(messages, written, |table| format!("datum.p.public.{table}"));
+}
+
+/// `assert_exactly`, with each table's subject from `subject`.
+fn assert_exactly_in(messages: &[Stored], written: &[Written], subject: impl Fn(&str) -> String) {
     let ids: HashSet<&str> = messages.iter().map(|m| m.id.as_str()).collect();
     assert_eq!(ids.len(), messages.len(), "a message id stored twice");
     let mut by_subject: BTreeMap<&str, Vec<Row>> = BTreeMap::new();
@@ -209,7 +214,7 @@ fn assert_exactly(messages: &[Stored], written: &[Written]) {
         by_subject.entry(&m.subject).or_default().push(m.row());
     }
     for table in ["a", "b"] {
-        let subject = format!("datum.p.public.{table}");
+        let subject = subject(table);
         let expected: Vec<Row> = written
             .iter()
             .filter(|w| w.0 == table)
@@ -485,4 +490,104 @@ async fn a_subject_outside_the_stream_is_a_definite_error_that_says_what_to_chan
         "the slot moved to {after}, past the refused transaction (after {before})"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Scale-out (`docs/scaling.md`): two hosts, each with a pipeline (its own
+/// publication and slot) over one of two tables, publish into one stream;
+/// each table's changes arrive once and in order under its host's
+/// subjects, and a consumer group of two workers sharing one durable
+/// consumer receives every change exactly once between them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hosts_on_disjoint_tables_fill_one_stream_and_a_consumer_group_reads_each_change_once()
+{
+    let pg = cluster();
+    let nats = NatsServer::start();
+    let src = pg.conninfo("postgres");
+    schema(&src).await;
+    let host_config = |name: &str, table: &str, dir: &Path| {
+        format!(
+            r#"
+state = {state}
+
+[[pipeline]]
+name = "{name}"
+source.url = {src}
+source.tables = ["public.{table}"]
+snapshot.mode = "never"
+sink = {{ type = "nats", url = {nats}, stream = "DATUM", {CREATE} }}
+"#,
+            state = toml_string(dir.join("state.redb").to_str().expect("utf-8")),
+            src = toml_string(&src),
+            nats = toml_string(&nats.url()),
+        )
+    };
+    let (dir_a, dir_b) = (temp_dir("nats-scale-a"), temp_dir("nats-scale-b"));
+    let host_a = Host::start(&dir_a, &host_config("pa", "a", &dir_a));
+    let host_b = Host::start(&dir_b, &host_config("pb", "b", &dir_b));
+    let client = connect(&src).await;
+    crate::run::wait_for_slots(&client, &["datum_pa"], &host_a).await;
+    crate::run::wait_for_slots(&client, &["datum_pb"], &host_b).await;
+
+    let written = write(&src, 400, 0, Duration::ZERO).await;
+    let messages = until_stored(&nats.url(), "DATUM", written.len(), 60, &host_a).await;
+    assert_exactly_in(&messages, &written, |table| {
+        format!("datum.p{table}.public.{table}")
+    });
+
+    let js = jetstream::new(async_nats::connect(nats.url()).await.expect("client"));
+    let stream = js.get_stream("DATUM").await.expect("stream");
+    let consumer: jetstream::consumer::PullConsumer = stream
+        .create_consumer(jetstream::consumer::pull::Config {
+            durable_name: Some("workers".into()),
+            ack_policy: jetstream::consumer::AckPolicy::Explicit,
+            ..Default::default()
+        })
+        .await
+        .expect("durable consumer");
+    let total = written.len();
+    let received = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(usize, String)>::new()));
+    let mut workers = Vec::new();
+    for worker in 0..2 {
+        let consumer = consumer.clone();
+        let received = received.clone();
+        workers.push(tokio::spawn(async move {
+            use futures_util::StreamExt;
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while received.lock().expect("lock").len() < total && Instant::now() < deadline {
+                let mut batch = consumer
+                    .batch()
+                    .max_messages(25)
+                    .expires(Duration::from_millis(300))
+                    .messages()
+                    .await
+                    .expect("a batch");
+                while let Some(Ok(message)) = batch.next().await {
+                    let id = message
+                        .headers
+                        .as_ref()
+                        .and_then(|h| h.get("Nats-Msg-Id"))
+                        .map(|v| v.as_str().to_owned())
+                        .unwrap_or_default();
+                    message.ack().await.expect("ack");
+                    received.lock().expect("lock").push((worker, id));
+                }
+            }
+        }));
+    }
+    for worker in workers {
+        worker.await.expect("worker");
+    }
+    let received = received.lock().expect("lock").clone();
+    let ids: HashSet<&str> = received.iter().map(|(_, id)| id.as_str()).collect();
+    assert_eq!(received.len(), total, "messages delivered to the group");
+    assert_eq!(ids.len(), total, "a message delivered twice");
+    for worker in 0..2 {
+        assert!(
+            received.iter().any(|(w, _)| *w == worker),
+            "worker {worker} received nothing"
+        );
+    }
+    for d in [dir_a, dir_b] {
+        let _ = std::fs::remove_dir_all(d);
+    }
 }

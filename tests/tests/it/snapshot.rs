@@ -131,7 +131,7 @@ async fn wait_failed(port: u16, host: &Host, table: &str) -> Json {
 }
 
 /// Waits until `query` answers the same on both sides.
-async fn wait_equal(
+pub(crate) async fn wait_equal(
     src: &tokio_postgres::Client,
     dst: &tokio_postgres::Client,
     query: &str,
@@ -290,7 +290,7 @@ fn start(
 }
 
 /// Creates databases `src` and `dst` in a new cluster; clients to both.
-async fn two_databases(
+pub(crate) async fn two_databases(
     pg: &datum_tests::Cluster,
 ) -> (tokio_postgres::Client, tokio_postgres::Client) {
     let admin = connect(&pg.conninfo("postgres")).await;

@@ -68,6 +68,9 @@ pub struct PipelineDef {
     pub transforms: String,
     /// Extra top-level keys of the pipeline (`group_commit = "off"`).
     pub extra: String,
+    /// The `[pipeline.sink]` table's keys, in TOML; `None`: a file sink in
+    /// the host's directory.
+    pub sink: Option<String>,
 }
 
 impl PipelineDef {
@@ -102,14 +105,15 @@ impl Host {
             "state = \"state.redb\"\n\n[admin]\nlisten = \"127.0.0.1:{port}\"\ntoken = \"{TOKEN}\"\n"
         );
         for p in pipelines {
+            let sink = p.sink.clone().unwrap_or_else(|| {
+                format!(
+                    "type = \"file\"\npath = \"{}\"\n",
+                    p.sink_path(dir).display()
+                )
+            });
             config.push_str(&format!(
-                "\n[[pipeline]]\nname = \"{}\"\n{}\n[pipeline.source]\nurl = \"{}\"\nslot = \"{}\"\npublication = \"{publication}\"\nadopt_slot = true\n\n{}\n[pipeline.sink]\ntype = \"file\"\npath = \"{}\"\n",
-                p.name,
-                p.extra,
-                p.conninfo,
-                p.slot,
-                p.transforms,
-                p.sink_path(dir).display(),
+                "\n[[pipeline]]\nname = \"{}\"\n{}\n[pipeline.source]\nurl = \"{}\"\nslot = \"{}\"\npublication = \"{publication}\"\nadopt_slot = true\n\n{}\n[pipeline.sink]\n{sink}",
+                p.name, p.extra, p.conninfo, p.slot, p.transforms,
             ));
         }
         let config_path = dir.join("datum.toml");

@@ -206,6 +206,7 @@ pub async fn run(bench: &mut Bench) -> Table {
             "snapshot.mode = \"never\"\n{}",
             bench.args.chunk_size_toml()
         ),
+        sink: None,
     }];
     let host = Host::start(&bench.datum, &dir, PUBLICATION, &pipelines).await;
     let baseline_file = dir.join("baseline.txt");

@@ -5,11 +5,12 @@
 //! figure.
 //!
 //! `cargo run --release -p datum-tests --bin bench -- [--quick] [--changes N]
-//! [--reps N] [--only throughput,transforms,checkpoints,hotswap,latency,memory,snapshot]`
+//! [--reps N] [--only throughput,transforms,checkpoints,hotswap,nats,latency,memory,scaleout,snapshot]`
 //! (`just bench` builds the release `datum` and the example modules first).
 
 mod host;
 mod latency;
+mod scaleout;
 mod snapshot;
 
 use std::path::{Path, PathBuf};
@@ -111,7 +112,7 @@ fn usage(problem: &str) -> ! {
     }
     eprintln!(
         "usage: bench [--quick] [--changes N] [--reps N] [--chunk-size N] \
-         [--only throughput,transforms,checkpoints,hotswap,latency,memory,snapshot]"
+         [--only throughput,transforms,checkpoints,hotswap,nats,latency,memory,scaleout,snapshot]"
     );
     std::process::exit(2)
 }
@@ -269,6 +270,8 @@ struct Bench {
     dir: PathBuf,
     next_id: u64,
     tables: Vec<Table>,
+    /// A JetStream server for the nats sink's runs (`--only nats`).
+    nats: Option<datum_tests::nats::NatsServer>,
 }
 
 impl Bench {
@@ -300,6 +303,31 @@ impl Bench {
                 )
             })
             .collect()
+    }
+
+    /// The `[pipeline.sink]` keys of a nats sink into the bench's server:
+    /// stream `BENCH` (created on first use), a subject per pipeline.
+    fn nats_sink(&self) -> String {
+        let url = self
+            .nats
+            .as_ref()
+            .map(|n| n.url())
+            .expect("the nats server (started for --only nats)");
+        format!(
+            "type = \"nats\"\nurl = \"{url}\"\nstream = \"BENCH\"\n\
+             subject = \"bench.{{pipeline}}.{{table}}\"\n\
+             create_stream = {{ subjects = [\"bench.>\"] }}\n"
+        )
+    }
+
+    /// Empties stream `BENCH` (each run stores a workload's changes).
+    async fn purge_nats(&self) {
+        let Some(nats) = &self.nats else { return };
+        let client = async_nats::connect(nats.url()).await.expect("nats client");
+        let js = async_nats::jetstream::new(client);
+        if let Ok(stream) = js.get_stream("BENCH").await {
+            stream.purge().await.expect("purging BENCH");
+        }
     }
 
     async fn create_slot(&self, slot: &str, plugin: &str) {
@@ -462,6 +490,21 @@ impl Bench {
             &["figure", "value", "baseline (same run)"],
         );
 
+        let mut nats = Table::new(
+            format!(
+                "NATS JetStream sink: {} changes, identity, TCP (one run each; the file sink's figure is the median above)",
+                grouped(n as f64)
+            ),
+            &[
+                "workload",
+                "Datum → file changes/s",
+                "Datum → nats changes/s",
+                "nats vs file",
+                "nats vs pg_recvlogical",
+                "host CPU s/M changes (nats)",
+            ],
+        );
+
         let want_throughput = self.args.runs("throughput");
         for workload in WORKLOADS {
             let extras: Vec<(&str, String, String)> = match workload.key {
@@ -502,7 +545,16 @@ impl Bench {
                 }
                 _ => Vec::new(),
             };
-            // Checkpoints and transforms compare with the identity runs.
+            let mut extras = extras;
+            if self.args.runs("nats") && workload.key != "mixed" {
+                extras.push((
+                    "nats",
+                    self.transforms(&[("identity", "{}")]),
+                    String::new(),
+                ));
+            }
+            // Checkpoints, transforms and the nats sink compare with the
+            // identity runs.
             if !want_throughput && extras.is_empty() {
                 continue;
             }
@@ -527,11 +579,12 @@ impl Bench {
                         name,
                         transforms: self.transforms(&[("identity", "{}")]),
                         extra: String::new(),
+                        sink: None,
                     });
                 }
             }
-            for (name, transforms, extra) in &extras {
-                let name = format!("{}_{}", workload.key, name);
+            for (key, transforms, extra) in &extras {
+                let name = format!("{}_{}", workload.key, key);
                 self.create_slot(&name, "pgoutput").await;
                 pipelines.push(PipelineDef {
                     conninfo: self.conninfo(Transport::Tcp),
@@ -539,6 +592,7 @@ impl Bench {
                     name,
                     transforms: transforms.clone(),
                     extra: extra.clone(),
+                    sink: (*key == "nats").then(|| self.nats_sink()),
                 });
             }
             let host = Host::start(
@@ -672,6 +726,19 @@ impl Bench {
                         self.swaps(&host, &name, end, identity_secs, &mut hotswap)
                             .await
                     }
+                    "nats" => {
+                        let run = self.run_datum(&host, &name, end).await;
+                        let rate = n as f64 / run.elapsed.as_secs_f64();
+                        nats.row(vec![
+                            workload.label.to_owned(),
+                            grouped(identity_rate),
+                            grouped(rate),
+                            format!("{:.2}×", rate / identity_rate),
+                            format!("{:.2}×", rate / baseline_rate),
+                            format!("{:.2}", per_m(run.host_cpu)),
+                        ]);
+                        self.purge_nats().await;
+                    }
                     _ => unreachable!("unknown extra {extra}"),
                 }
             }
@@ -691,7 +758,7 @@ impl Bench {
             let _ = std::fs::remove_dir_all(self.dir.join(workload.key));
             self.drop_slots().await;
         }
-        for table in [throughput, transforms, checkpoints, hotswap] {
+        for table in [throughput, transforms, checkpoints, hotswap, nats] {
             if !table.rows.is_empty() {
                 self.tables.push(table);
             }
@@ -771,6 +838,7 @@ impl Bench {
             slot: "mem".into(),
             transforms: self.transforms(&[("identity", "{}")]),
             extra: String::new(),
+            sink: None,
         }];
         let host = Host::start(&self.datum, &self.dir.join("mem"), PUBLICATION, &pipelines).await;
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -886,7 +954,11 @@ fn main() {
             dir: dir.clone(),
             next_id: 0,
             tables: Vec::new(),
+            nats: None,
         };
+        if bench.args.runs("nats") {
+            bench.nats = Some(datum_tests::nats::NatsServer::start());
+        }
         println!(
             "PostgreSQL {} at {}; {} changes per workload, {} repetition(s)",
             bench.pg.binaries().version(),
@@ -894,7 +966,7 @@ fn main() {
             grouped(bench.args.changes as f64),
             bench.args.reps
         );
-        if ["throughput", "transforms", "checkpoints", "hotswap"]
+        if ["throughput", "transforms", "checkpoints", "hotswap", "nats"]
             .iter()
             .any(|s| bench.args.runs(s))
         {
@@ -906,6 +978,10 @@ fn main() {
         }
         if bench.args.runs("memory") {
             bench.memory().await;
+        }
+        if bench.args.runs("scaleout") {
+            let table = scaleout::run(&mut bench).await;
+            bench.tables.push(table);
         }
         if bench.args.runs("snapshot") {
             let table = snapshot::run(&mut bench).await;

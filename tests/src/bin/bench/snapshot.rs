@@ -101,6 +101,7 @@ async fn backfill(bench: &Bench, rep: usize, rows: u64) -> (Duration, f64) {
                 "snapshot.mode = \"never\"\n{}",
                 bench.args.chunk_size_toml()
             ),
+            sink: None,
         }],
     )
     .await;

@@ -1,0 +1,150 @@
+//! High availability: of several hosts with the same pipeline, the one that
+//! holds the pipeline's leader lock streams its slot; the others stand by
+//! (`docs/scaling.md`).
+//!
+//! The lock is a PostgreSQL session advisory lock on the source, keyed by
+//! the slot's name, held by a connection of its own. When the holder dies
+//! (its process, its machine or its connection), PostgreSQL ends the
+//! session and releases the lock, and a standby takes it. A holder that
+//! loses its lock connection stops streaming (drains what is in flight,
+//! checkpoints) and stands by again: it can no longer know that it is the
+//! only one. The slot itself admits one walsender at a time, so even in the
+//! moment two hosts both believe they lead, only one streams.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::pg::ConnInfo;
+use crate::retry::Backoff;
+
+/// How often the holder checks that its lock connection is alive.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
+/// How long a probe may take before the lock counts as lost.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often a standby tries to take the lock.
+const TRY_EVERY: Duration = Duration::from_secs(1);
+
+/// The lock, held while this lives (dropping it closes the session, which
+/// releases the lock).
+#[derive(Debug)]
+pub(crate) struct Lease {
+    lost: watch::Receiver<bool>,
+    probe: tokio::task::JoinHandle<()>,
+}
+
+impl Lease {
+    /// Completes when the lock connection failed: another host may lead.
+    pub(crate) async fn lost(&mut self) {
+        let _ = self.lost.wait_for(|lost| *lost).await;
+    }
+
+    /// Whether the lock connection failed.
+    pub(crate) fn is_lost(&self) -> bool {
+        *self.lost.borrow()
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.probe.abort();
+    }
+}
+
+/// The SQL that tries to take the lock of `slot` (the key is the server's
+/// hash of the slot's name, the same for every host).
+const TRY_LOCK: &str = "SELECT pg_try_advisory_lock(hashtextextended('datum leader ' || $1, 0))";
+
+/// Waits until this host holds the leader lock of `slot`, retrying a
+/// source it cannot reach with back-off; `on_unreachable` is told why
+/// each attempt to reach it failed. `None`: `cancel` completed first.
+pub(crate) async fn acquire(
+    info: &ConnInfo,
+    slot: &str,
+    pipeline: &str,
+    mut on_unreachable: impl FnMut(String),
+    cancel: impl Future<Output = ()>,
+) -> Option<Lease> {
+    let mut cancel = std::pin::pin!(cancel);
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+    let mut announced = false;
+    loop {
+        let client = tokio::select! {
+            biased;
+            _ = cancel.as_mut() => return None,
+            client = crate::pg::connect(info) => client,
+        };
+        let client = match client {
+            Ok(client) => client,
+            Err(err) => {
+                let wait = backoff.next_wait();
+                tracing::warn!(pipeline = %pipeline, error = %err, retry_in = ?wait, "cannot reach the source to take the leader lock; retrying");
+                on_unreachable(format!(
+                    "cannot reach the source for the leader lock: {err}"
+                ));
+                tokio::select! {
+                    biased;
+                    _ = cancel.as_mut() => return None,
+                    _ = tokio::time::sleep(wait) => continue,
+                }
+            }
+        };
+        backoff.reset();
+        loop {
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&slot];
+            let taken = tokio::select! {
+                biased;
+                _ = cancel.as_mut() => return None,
+                row = client.query_one(TRY_LOCK, &params) => {
+                    row.and_then(|r| r.try_get::<_, bool>(0))
+                }
+            };
+            match taken {
+                Ok(true) => {
+                    tracing::info!(pipeline = %pipeline, slot = %slot, "took the leader lock: this host streams the slot");
+                    return Some(hold(client, pipeline));
+                }
+                Ok(false) => {
+                    if !announced {
+                        tracing::info!(pipeline = %pipeline, slot = %slot, "standing by: another host holds the leader lock");
+                        announced = true;
+                    }
+                    tokio::select! {
+                        biased;
+                        _ = cancel.as_mut() => return None,
+                        _ = tokio::time::sleep(TRY_EVERY) => {}
+                    }
+                }
+                Err(err) => {
+                    tracing::warn!(pipeline = %pipeline, error = %err, "the leader lock's connection failed; reconnecting");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Keeps the session (and so the lock) alive, probing it; says when it is
+/// lost.
+fn hold(client: tokio_postgres::Client, pipeline: &str) -> Lease {
+    let (lost_tx, lost) = watch::channel(false);
+    let pipeline = pipeline.to_owned();
+    let probe = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(PROBE_EVERY).await;
+            let alive = !client.is_closed()
+                && matches!(
+                    tokio::time::timeout(PROBE_TIMEOUT, client.simple_query("SELECT 1")).await,
+                    Ok(Ok(_))
+                );
+            if !alive {
+                tracing::warn!(pipeline = %pipeline, "lost the leader lock's connection: stopping to stand by");
+                let _ = lost_tx.send(true);
+                // Keep the client until the lease is dropped.
+                std::future::pending::<()>().await;
+            }
+        }
+    });
+    Lease { lost, probe }
+}

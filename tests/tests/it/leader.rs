@@ -1,0 +1,228 @@
+//! Two hosts with the same pipeline (`source.leader_lock`), as on two
+//! machines: one streams, the other stands by and takes over when the
+//! active one is killed. The target must end equal to the source, and at
+//! no moment may both hosts stream.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use datum_tests::cluster;
+use serde_json::Value as Json;
+
+use crate::run::{Host, temp_dir, toml_string};
+use crate::snapshot::{two_databases, wait_equal};
+
+const TOKEN: &str = "leader-admin-token-0123456789abcdef0123";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// One machine's configuration: its own state file and admin port, the
+/// same pipeline as the other's.
+fn config(src: &str, dst: &str, dir: &Path, port: u16) -> String {
+    format!(
+        r#"
+state = {state}
+
+[admin]
+listen = "127.0.0.1:{port}"
+token = "{TOKEN}"
+
+[[pipeline]]
+name = "p"
+source = {{ url = {src}, tables = ["public.t"], leader_lock = true }}
+snapshot.mode = "never"
+sink = {{ type = "postgres", url = {dst} }}
+"#,
+        state = toml_string(dir.join("state.redb").to_str().expect("utf-8")),
+        src = toml_string(src),
+        dst = toml_string(dst),
+    )
+}
+
+/// The pipeline's state on the host at `port` (`None`: no answer).
+async fn state(port: u16) -> Option<String> {
+    let response = reqwest::Client::new()
+        .get(format!("http://127.0.0.1:{port}/v1/pipelines/p"))
+        .bearer_auth(TOKEN)
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await
+        .ok()?;
+    let body: Json = serde_json::from_str(&response.text().await.ok()?).ok()?;
+    body["state"].as_str().map(str::to_owned)
+}
+
+/// One machine: its directory, admin port and running host.
+struct Machine {
+    dir: std::path::PathBuf,
+    port: u16,
+    config: String,
+    host: Option<Host>,
+}
+
+impl Machine {
+    fn new(name: &str, src: &str, dst: &str) -> Machine {
+        let dir = temp_dir(name);
+        let port = free_port();
+        let config = config(src, dst, &dir, port);
+        let host = Some(Host::start(&dir, &config));
+        Machine {
+            dir,
+            port,
+            config,
+            host,
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(host) = self.host.take() {
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(host.pid() as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            )
+            .expect("kill -9");
+        }
+    }
+
+    fn restart(&mut self) {
+        self.host = Some(Host::start(&self.dir, &self.config));
+    }
+
+    fn log(&self) -> String {
+        self.host.as_ref().map(Host::log).unwrap_or_default()
+    }
+}
+
+/// Inserts, updates (keys too) and deletes rows of `t` until `stop`.
+async fn writer(url: String, stop: tokio::sync::watch::Receiver<bool>) -> u64 {
+    let client = datum_tests::connect(&url).await;
+    let mut state = 0x853c_49e6_748f_ea9b_u64;
+    let mut next = 1_000_i64;
+    let mut statements = 0;
+    while !*stop.borrow() {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let id = (state % 1_000) as i64 + 1;
+        let sql = match (state >> 16) % 10 {
+            0..=3 => format!("UPDATE t SET v = v + 1 WHERE id = {id}"),
+            4 => {
+                next += 1;
+                format!("UPDATE t SET id = {next} WHERE id = {id}")
+            }
+            5 => format!("DELETE FROM t WHERE id = {id}"),
+            _ => {
+                next += 1;
+                format!("INSERT INTO t VALUES ({next}, 0)")
+            }
+        };
+        client
+            .batch_execute(&sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        statements += 1;
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    statements
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_active_host_killed_ten_times_hands_over_to_the_standby_and_the_target_ends_equal() {
+    let pg = cluster();
+    let (src, dst) = two_databases(&pg).await;
+    src.batch_execute(
+        "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL);
+         INSERT INTO t SELECT g, 0 FROM generate_series(1, 1000) g;",
+    )
+    .await
+    .expect("source");
+    dst.batch_execute(
+        "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL);
+         INSERT INTO t SELECT g, 0 FROM generate_series(1, 1000) g;",
+    )
+    .await
+    .expect("target");
+    let (src_url, dst_url) = (pg.conninfo("src"), pg.conninfo("dst"));
+    let mut machines = [
+        Machine::new("leader-a", &src_url, &dst_url),
+        Machine::new("leader-b", &src_url, &dst_url),
+    ];
+
+    // Watches both hosts: never both streaming; counts the takeovers.
+    let ports = [machines[0].port, machines[1].port];
+    let (stop_watch, watching) = tokio::sync::watch::channel(false);
+    let watcher = tokio::spawn(async move {
+        let mut both = Vec::new();
+        let mut standby_seen = false;
+        while !*watching.borrow() {
+            let states = [state(ports[0]).await, state(ports[1]).await];
+            let running = states
+                .iter()
+                .filter(|s| s.as_deref() == Some("running"))
+                .count();
+            if running > 1 {
+                both.push(format!("{states:?}"));
+            }
+            standby_seen |= states.iter().any(|s| s.as_deref() == Some("standby"));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        (both, standby_seen)
+    });
+
+    let active =
+        |states: &[Option<String>; 2]| states.iter().position(|s| s.as_deref() == Some("running"));
+    let wait_active = async |machines: &[Machine; 2]| -> usize {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let states = [state(machines[0].port).await, state(machines[1].port).await];
+            if let Some(i) = active(&states) {
+                return i;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no host streaming within 60 s ({states:?}):\n{}\n---\n{}",
+                machines[0].log(),
+                machines[1].log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+
+    let first = wait_active(&machines).await;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let writing = tokio::spawn(writer(src_url.clone(), stopped));
+    let mut takeovers = Vec::new();
+    for round in 0..10 {
+        let was = wait_active(&machines).await;
+        tokio::time::sleep(Duration::from_millis(300 + 137 * round)).await;
+        machines[was].kill();
+        let now = wait_active(&machines).await;
+        takeovers.push((was, now));
+        // The killed machine comes back, as the standby.
+        machines[was].restart();
+    }
+    let _ = stop.send(true);
+    let statements = writing.await.expect("writer");
+    assert!(statements > 200, "the writer ran ({statements} statements)");
+    let live = wait_active(&machines).await;
+    let host = machines[live].host.as_ref().expect("a host");
+    wait_equal(&src, &dst, "SELECT * FROM t ORDER BY id", host, 90).await;
+
+    let _ = stop_watch.send(true);
+    let (both, standby_seen) = watcher.await.expect("watcher");
+    assert!(both.is_empty(), "both hosts streamed at once: {both:?}");
+    assert!(standby_seen, "no host was ever seen standing by");
+    // Each kill handed the slot to the other host.
+    assert!(
+        takeovers.iter().all(|(was, now)| was != now),
+        "first {first}, takeovers {takeovers:?}"
+    );
+    for m in &machines {
+        let _ = std::fs::remove_dir_all(&m.dir);
+    }
+}
