@@ -591,3 +591,214 @@ sink = {{ type = "nats", url = {nats}, stream = "DATUM", {CREATE} }}
         let _ = std::fs::remove_dir_all(d);
     }
 }
+
+/// Stored message count in stream `name`, read with `options`.
+async fn count_with(url: &str, options: async_nats::ConnectOptions, name: &str) -> u64 {
+    let Ok(client) = options.connect(url).await else {
+        return 0;
+    };
+    let js = jetstream::new(client);
+    match js.get_stream(name).await {
+        Ok(mut stream) => stream.info().await.map(|i| i.state.messages).unwrap_or(0),
+        Err(_) => 0,
+    }
+}
+
+/// Starts a host whose sink authenticates with `sink_auth` (its secret in
+/// `NATS_TEST_SECRET`) against a server configured with `server_auth`;
+/// checks that the changes of a few transactions are stored, read back
+/// with `reader`, and that the secret never reached the log.
+async fn authenticated_changes_arrive(
+    name: &str,
+    server_auth: &str,
+    sink_auth: &str,
+    secret: &str,
+    reader: async_nats::ConnectOptions,
+) {
+    let pg = cluster();
+    let nats = NatsServer::start_with(server_auth);
+    let src = pg.conninfo("postgres");
+    schema(&src).await;
+    let dir = temp_dir(name);
+    let sink = format!("{CREATE}, {sink_auth}");
+    let secret_env = secret.to_owned();
+    let host = Host::start_with(
+        &dir,
+        &config(&src, &nats.url(), &dir, &sink, ""),
+        move |c| {
+            c.env("NATS_TEST_SECRET", &secret_env);
+        },
+    );
+    crate::run::wait_for_slots(&connect(&src).await, &["datum_p"], &host).await;
+    let written = write(&src, 10, 0, Duration::ZERO).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let count = count_with(&nats.url(), reader.clone(), "DATUM").await;
+        if count as usize >= written.len() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{count} stored:\n{}", host.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let log = host.log();
+    assert!(!log.contains(secret), "the secret reached the log:\n{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_from_the_environment_is_accepted() {
+    let token = "t0ken-for-the-nats-test-81f3";
+    authenticated_changes_arrive(
+        "nats-token",
+        &format!("authorization {{ token: \"{token}\" }}"),
+        "token = \"${NATS_TEST_SECRET}\"",
+        token,
+        async_nats::ConnectOptions::with_token(token.into()),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_nkey_seed_from_the_environment_is_accepted() {
+    let user = nkeys::KeyPair::new_user();
+    let seed = user.seed().expect("a seed");
+    authenticated_changes_arrive(
+        "nats-nkey",
+        &format!(
+            "authorization {{ users = [ {{ nkey: \"{}\" }} ] }}",
+            user.public_key()
+        ),
+        "nkey_seed = \"${NATS_TEST_SECRET}\"",
+        &seed,
+        async_nats::ConnectOptions::with_nkey(seed.clone()),
+    )
+    .await;
+}
+
+/// Base64url without padding (JWT's encoding).
+fn base64url(data: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::new();
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..=chunk.len() {
+            out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+        }
+    }
+    out
+}
+
+/// A NATS JWT for `subject`, signed by `signer`, with `nats` claims.
+fn nats_jwt(signer: &nkeys::KeyPair, subject: &str, name: &str, nats: Json) -> String {
+    let claims = serde_json::json!({
+        "jti": format!("{name}-{}", std::process::id()),
+        "iat": std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        "iss": signer.public_key(),
+        "name": name,
+        "sub": subject,
+        "nats": nats,
+    });
+    let signed = format!(
+        "{}.{}",
+        base64url(br#"{"typ":"JWT","alg":"ed25519-nkey"}"#),
+        base64url(claims.to_string().as_bytes())
+    );
+    let signature = signer.sign(signed.as_bytes()).expect("signing");
+    format!("{signed}.{}", base64url(&signature))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_creds_file_relative_to_the_configuration_is_accepted() {
+    // An operator, an account with JetStream, and a user of it: what `nsc`
+    // makes, signed here.
+    let operator = nkeys::KeyPair::new_operator();
+    let system = nkeys::KeyPair::new_account();
+    let account = nkeys::KeyPair::new_account();
+    let user = nkeys::KeyPair::new_user();
+    let operator_jwt = nats_jwt(
+        &operator,
+        &operator.public_key(),
+        "op",
+        serde_json::json!({"type": "operator", "version": 2,
+            "system_account": system.public_key()}),
+    );
+    let system_jwt = nats_jwt(
+        &operator,
+        &system.public_key(),
+        "SYS",
+        serde_json::json!({"type": "account", "version": 2}),
+    );
+    let account_jwt = nats_jwt(
+        &operator,
+        &account.public_key(),
+        "acct",
+        serde_json::json!({"type": "account", "version": 2, "limits": {
+            "subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1,
+            "wildcards": true, "conn": -1, "leaf": -1,
+            "mem_storage": -1, "disk_storage": -1, "streams": -1, "consumer": -1
+        }}),
+    );
+    let user_jwt = nats_jwt(
+        &account,
+        &user.public_key(),
+        "datum",
+        serde_json::json!({"type": "user", "version": 2, "pub": {}, "sub": {},
+            "subs": -1, "data": -1, "payload": -1}),
+    );
+    let seed = user.seed().expect("seed");
+    let creds = format!(
+        "-----BEGIN NATS USER JWT-----\n{user_jwt}\n------END NATS USER JWT------\n\n\
+         ************************* IMPORTANT *************************\n\
+         NKEY Seed printed below can be used to sign and prove identity.\n\n\
+         -----BEGIN USER NKEY SEED-----\n{seed}\n------END USER NKEY SEED------\n"
+    );
+    let pg = cluster();
+    let nats = NatsServer::start_with(&format!(
+        "operator: \"{operator_jwt}\"\nsystem_account: {sys}\nresolver: MEMORY\n\
+         resolver_preload: {{\n  {sys}: \"{system_jwt}\"\n  {acct}: \"{account_jwt}\"\n}}\n",
+        sys = system.public_key(),
+        acct = account.public_key()
+    ));
+    let src = pg.conninfo("postgres");
+    schema(&src).await;
+    let dir = temp_dir("nats-creds");
+    std::fs::write(dir.join("user.creds"), &creds).expect("user.creds");
+    let host = Host::start(
+        &dir,
+        &config(
+            &src,
+            &nats.url(),
+            &dir,
+            &format!("{CREATE}, credentials = \"user.creds\""),
+            "",
+        ),
+    );
+    crate::run::wait_for_slots(&connect(&src).await, &["datum_p"], &host).await;
+    let written = write(&src, 10, 0, Duration::ZERO).await;
+    let reader = async_nats::ConnectOptions::with_credentials(&creds).expect("credentials");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let count = count_with(&nats.url(), reader.clone(), "DATUM").await;
+        if count as usize >= written.len() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{count} stored:\n{}\n--- nats-server:\n{}",
+            host.log(),
+            nats.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let log = host.log();
+    assert!(!log.contains(&seed), "the seed reached the log:\n{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
