@@ -53,6 +53,7 @@ struct Stored {
     id: String,
     op: String,
     body: Json,
+    headers: BTreeMap<String, String>,
 }
 
 impl Stored {
@@ -94,11 +95,22 @@ async fn stored(url: &str, name: &str) -> Vec<Stored> {
                 .map(|v| v.as_str().to_owned())
                 .unwrap_or_default()
         };
+        let headers = message
+            .headers
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.to_string(),
+                    v.iter().map(|v| v.as_str()).collect::<Vec<_>>().join(","),
+                )
+            })
+            .collect();
         out.push(Stored {
             subject: message.subject.to_string(),
             id: header("Nats-Msg-Id"),
             op: header("Datum-Op"),
             body: serde_json::from_slice(&message.payload).expect("a JSON body"),
+            headers,
         });
     }
     out
@@ -252,13 +264,39 @@ async fn every_change_of_a_writer_is_stored_once_in_commit_order_per_subject() {
     let written = write(&src, 600, 0, Duration::ZERO).await;
     let messages = until_stored(&nats.url(), "DATUM", written.len(), 60, &host).await;
     assert_exactly(&messages, &written);
-    let first = &messages[0];
-    assert!(
-        first.body["txn"]["xid"].as_u64().is_some(),
-        "{:?}",
-        first.body
-    );
-    assert!(first.id.starts_with("p:"), "{}", first.id);
+    // Every message says where it came from, in headers that agree with
+    // its body, and its id is made of them.
+    for m in &messages {
+        let txn = &m.body["txn"];
+        let h = |name: &str| m.headers.get(name).cloned().unwrap_or_default();
+        assert_eq!(h("Datum-Pipeline"), "p", "{m:?}");
+        assert_eq!(h("Datum-Xid"), txn["xid"].to_string(), "{m:?}");
+        assert_eq!(
+            Some(h("Datum-Commit-Lsn").as_str()),
+            txn["commit_lsn"].as_str(),
+            "{m:?}"
+        );
+        assert_eq!(
+            Some(h("Datum-End-Lsn").as_str()),
+            txn["end_lsn"].as_str(),
+            "{m:?}"
+        );
+        assert_eq!(
+            Some(h("Datum-Commit-Time").as_str()),
+            txn["commit_time"].as_str(),
+            "{m:?}"
+        );
+        assert_eq!(h("Datum-Chunk"), "0", "{m:?}");
+        assert_eq!(h("Datum-Op"), m.body["op"].as_str().unwrap_or(""), "{m:?}");
+        assert!(
+            m.id.starts_with(&format!(
+                "p:{}:{}:0:",
+                h("Datum-Commit-Lsn"),
+                h("Datum-Xid")
+            )),
+            "{m:?}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -800,5 +838,48 @@ async fn a_creds_file_relative_to_the_configuration_is_accepted() {
     }
     let log = host.log();
     assert!(!log.contains(&seed), "the seed reached the log:\n{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A full stream (its message limit reached, new messages refused) is an
+/// outage, not a refusal: the batch waits, retried, with the slot held,
+/// and arrives once the stream has room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_stream_holds_the_batch_until_it_has_room() {
+    let pg = cluster();
+    let nats = NatsServer::start();
+    let js = jetstream::new(async_nats::connect(nats.url()).await.expect("client"));
+    let config_of = |max_messages: i64| jetstream::stream::Config {
+        name: "DATUM".into(),
+        subjects: vec!["datum.>".into()],
+        max_messages,
+        discard: jetstream::stream::DiscardPolicy::New,
+        ..Default::default()
+    };
+    js.create_stream(config_of(5)).await.expect("stream");
+    let src = pg.conninfo("postgres");
+    schema(&src).await;
+    let dir = temp_dir("nats-full");
+    let host = Host::start(
+        &dir,
+        &config(&src, &nats.url(), &dir, "retry_max = \"500ms\"", ""),
+    );
+    crate::run::wait_for_slots(&connect(&src).await, &["datum_p"], &host).await;
+    let written = write(&src, 20, 0, Duration::ZERO).await;
+    // The first five are stored; the rest wait.
+    until_stored(&nats.url(), "DATUM", 5, 60, &host).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        stored(&nats.url(), "DATUM").await.len(),
+        5,
+        "{}",
+        host.log()
+    );
+    let log = host.log();
+    assert!(log.contains("sink write failed; retrying"), "{log}");
+
+    js.update_stream(config_of(-1)).await.expect("more room");
+    let messages = until_stored(&nats.url(), "DATUM", written.len(), 60, &host).await;
+    assert_exactly(&messages, &written);
     let _ = std::fs::remove_dir_all(&dir);
 }
