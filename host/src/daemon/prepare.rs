@@ -50,10 +50,21 @@ pub(crate) fn engine(config: &Config) -> Result<Engine, StartError> {
         .iter()
         .flat_map(|p| &p.transforms)
         .any(|t| t.limits.fuel.is_some());
-    Ok(Engine::new(EngineOptions {
+    let engine = Engine::new(EngineOptions {
         fuel,
         ..EngineOptions::default()
-    })?)
+    })?;
+    // Beside the state file: a restart (or a host taking over) loads what
+    // this host compiled before instead of compiling it again.
+    Ok(engine.with_disk_cache(&compiled_dir(Path::new(&config.state.0))))
+}
+
+/// Where compiled modules are kept: `STATE.compiled/` beside the state
+/// file.
+pub(crate) fn compiled_dir(state: &Path) -> std::path::PathBuf {
+    let mut name = state.file_name().unwrap_or_default().to_os_string();
+    name.push(".compiled");
+    state.with_file_name(name)
 }
 
 /// Compiles the modules and opens the sinks of every pipeline (a

@@ -50,6 +50,9 @@ pub struct Engine {
     /// that only changes the configuration, or a rollback, does not compile
     /// again.
     compiled: Arc<std::sync::Mutex<Vec<(String, wasmtime::Module)>>>,
+    /// Compiled modules on disk (`with_disk_cache`): a restart, or a host
+    /// taking over, loads them instead of compiling.
+    disk: Option<Arc<DiskCache>>,
 }
 
 /// Compiled modules an engine keeps for reuse.
@@ -116,22 +119,50 @@ impl Engine {
             options,
             _ticker: Arc::new(Ticker { stop }),
             compiled: Arc::default(),
+            disk: None,
         })
+    }
+
+    /// Keeps compiled modules in `dir` too (created private to this user
+    /// when missing), by the SHA-256 of their bytes and this engine's
+    /// settings. Best effort: a directory that cannot be made only means
+    /// compiling again, logged.
+    pub fn with_disk_cache(mut self, dir: &std::path::Path) -> Engine {
+        match DiskCache::open(dir, &self.inner) {
+            Ok(cache) => self.disk = Some(Arc::new(cache)),
+            Err(err) => {
+                tracing::warn!(dir = %dir.display(), error = %err, "cannot keep compiled modules on disk; modules are compiled at every start");
+            }
+        }
+        self
     }
 
     /// The compiled form of the module whose bytes hash to `sha256`, if
     /// this engine compiled it recently.
     pub(crate) fn compiled(&self, sha256: &str) -> Option<wasmtime::Module> {
-        let mut kept = self.compiled.lock().unwrap_or_else(|p| p.into_inner());
-        let at = kept.iter().position(|(sha, _)| sha == sha256)?;
-        let entry = kept.remove(at);
-        let module = entry.1.clone();
-        kept.push(entry);
+        {
+            let mut kept = self.compiled.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(at) = kept.iter().position(|(sha, _)| sha == sha256) {
+                let entry = kept.remove(at);
+                let module = entry.1.clone();
+                kept.push(entry);
+                return Some(module);
+            }
+        }
+        let module = self.disk.as_ref()?.load(&self.inner, sha256)?;
+        self.remember(sha256, &module);
         Some(module)
     }
 
     /// Keeps a compiled module for [`Engine::compiled`].
     pub(crate) fn keep_compiled(&self, sha256: &str, module: &wasmtime::Module) {
+        self.remember(sha256, module);
+        if let Some(disk) = &self.disk {
+            disk.store(sha256, module);
+        }
+    }
+
+    fn remember(&self, sha256: &str, module: &wasmtime::Module) {
         let mut kept = self.compiled.lock().unwrap_or_else(|p| p.into_inner());
         kept.retain(|(sha, _)| sha != sha256);
         kept.push((sha256.to_owned(), module.clone()));
@@ -143,5 +174,117 @@ impl Engine {
     /// Whether this engine meters fuel.
     pub fn meters_fuel(&self) -> bool {
         self.options.fuel
+    }
+}
+
+/// Compiled modules kept in a directory: `SHA256-SETTINGS.cwasm`, where
+/// SETTINGS is a hash of what the engine's compiled code depends on
+/// (wasmtime's version and configuration), so another build or other
+/// settings never load it.
+///
+/// The files are native code the host runs, so only files this host could
+/// have written are loaded: in a directory private to this user (0700),
+/// owned by this user and writable by no one else. Writes go to a new
+/// private file renamed into place, so a reader never sees half a file.
+#[derive(Debug)]
+struct DiskCache {
+    dir: std::path::PathBuf,
+    settings: String,
+}
+
+impl DiskCache {
+    fn open(dir: &std::path::Path, engine: &wasmtime::Engine) -> std::io::Result<DiskCache> {
+        use std::hash::{Hash, Hasher};
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+        match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        let meta = std::fs::metadata(dir)?;
+        if !meta.is_dir() || meta.uid() != nix::unistd::geteuid().as_raw() {
+            return Err(std::io::Error::other("not a directory owned by this user"));
+        }
+        if meta.permissions().mode() & 0o077 != 0 {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        }
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        engine.precompile_compatibility_hash().hash(&mut hasher);
+        Ok(DiskCache {
+            dir: dir.to_owned(),
+            settings: format!("{:016x}", hasher.finish()),
+        })
+    }
+
+    fn path(&self, sha256: &str) -> std::path::PathBuf {
+        self.dir.join(format!("{sha256}-{}.cwasm", self.settings))
+    }
+
+    /// The module compiled from bytes hashing to `sha256`, if a usable file
+    /// holds it.
+    fn load(&self, engine: &wasmtime::Engine, sha256: &str) -> Option<wasmtime::Module> {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        if !sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        let path = self.path(sha256);
+        let meta = std::fs::symlink_metadata(&path).ok()?;
+        if !meta.is_file()
+            || meta.uid() != nix::unistd::geteuid().as_raw()
+            || meta.permissions().mode() & 0o022 != 0
+        {
+            tracing::warn!(file = %path.display(), "ignoring a compiled module this host did not write (owner or permissions); compiling again");
+            // The directory is this user's: replace it with one of ours.
+            let _ = std::fs::remove_file(&path);
+            return None;
+        }
+        // SAFETY: the file was written by `store` (owner and permissions
+        // checked above; the directory is private), from a module this
+        // engine compiled; wasmtime checks that it was compiled for this
+        // version and these settings.
+        match unsafe { wasmtime::Module::deserialize_file(engine, &path) } {
+            Ok(module) => {
+                tracing::info!(file = %path.display(), "loaded a compiled module kept on disk (not compiled again)");
+                Some(module)
+            }
+            Err(err) => {
+                tracing::warn!(file = %path.display(), error = %format!("{err:#}"), "ignoring an unusable compiled module; compiling again");
+                let _ = std::fs::remove_file(&path);
+                None
+            }
+        }
+    }
+
+    /// Writes the compiled form of the module hashing to `sha256`.
+    fn store(&self, sha256: &str, module: &wasmtime::Module) {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = self.path(sha256);
+        if path.exists() {
+            return;
+        }
+        let bytes = match module.serialize() {
+            Ok(bytes) => bytes,
+            Err(err) => {
+                tracing::debug!(error = %format!("{err:#}"), "cannot serialize a compiled module");
+                return;
+            }
+        };
+        let temp = self.dir.join(format!(
+            ".{sha256}-{}.{}.tmp",
+            self.settings,
+            std::process::id()
+        ));
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&temp)
+            .and_then(|mut f| f.write_all(&bytes).and_then(|()| f.sync_all()))
+            .and_then(|()| std::fs::rename(&temp, &path));
+        if let Err(err) = written {
+            let _ = std::fs::remove_file(&temp);
+            tracing::debug!(file = %path.display(), error = %err, "cannot keep a compiled module on disk");
+        }
     }
 }

@@ -993,3 +993,109 @@ sink = {{ type = "file", path = "plain.jsonl" }}
     assert!(status.success(), "{log}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A restart loads the modules it compiled before from `STATE.compiled/`
+/// instead of compiling them again; a kept file this host could not have
+/// written (writable by others) or that is damaged is ignored, and the
+/// module compiled again, with the stream unaffected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_loads_compiled_modules_kept_on_disk_and_ignores_untrusted_ones() {
+    use std::os::unix::fs::PermissionsExt;
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    client
+        .batch_execute("CREATE TABLE t (id int PRIMARY KEY, email text)")
+        .await
+        .expect("schema");
+    let dir = temp_dir("compiled-cache");
+    let module = example_wasm_path("mask_pii");
+    let config = format!(
+        r#"
+state = "state.redb"
+
+[[pipeline]]
+name = "p"
+source = {{ url = {url}, tables = ["t"] }}
+snapshot.mode = "never"
+sink = {{ type = "file", path = "out.jsonl" }}
+transforms = [{{ module = {module}, config = {{ columns = ["email"], salt = "s" }} }}]
+"#,
+        url = toml_string(&pg.conninfo("postgres")),
+        module = toml_string(module.to_str().expect("utf-8")),
+    );
+    let sha = {
+        use sha2::Digest;
+        let bytes = std::fs::read(&module).expect("module");
+        sha2::Sha256::digest(&bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    let kept = || -> Vec<PathBuf> {
+        std::fs::read_dir(dir.join("state.redb.compiled"))
+            .map(|entries| {
+                entries
+                    .filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| p.extension().is_some_and(|e| e == "cwasm"))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut id = 0;
+    let mut run = async |expect_loaded: bool, note: &str| {
+        let host = Host::start(&dir, &config);
+        wait_for_slots(&client, &["datum_p"], &host).await;
+        id += 1;
+        client
+            .execute("INSERT INTO t VALUES ($1, 'a@example.com')", &[&id])
+            .await
+            .expect("insert");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while lines(&dir.join("out.jsonl")).len() < id as usize {
+            assert!(
+                Instant::now() < deadline,
+                "{note}: nothing arrived:\n{}",
+                host.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let (status, log) = host.stop(30);
+        assert!(status.success(), "{note}: {status:?}\n{log}");
+        assert_eq!(
+            log.contains("loaded a compiled module kept on disk"),
+            expect_loaded,
+            "{note}:\n{log}"
+        );
+        log
+    };
+
+    run(false, "first start: compiles").await;
+    let files = kept();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let file = files[0].clone();
+    let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    assert!(name.starts_with(&sha), "{name} is not named by {sha}");
+    let mode = std::fs::metadata(dir.join("state.redb.compiled"))
+        .expect("dir")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o700, "the directory is private");
+
+    run(true, "second start: loads").await;
+
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    let log = run(false, "a file others may write").await;
+    assert!(log.contains("did not write"), "{log}");
+
+    std::fs::remove_file(&file).expect("remove");
+    run(false, "compiles again").await;
+    std::fs::write(&file, b"not a compiled module").expect("damage");
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let log = run(false, "a damaged file").await;
+    assert!(log.contains("unusable compiled module"), "{log}");
+    // Every row arrived masked.
+    for line in lines(&dir.join("out.jsonl")) {
+        assert_ne!(line["new"]["email"], "a@example.com", "{line}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
