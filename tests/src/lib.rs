@@ -50,6 +50,14 @@ pub fn cluster() -> Cluster {
 }
 
 pub mod nats;
+
+/// A TCP port on the loopback interface that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
 pub mod stream;
 
 /// The workspace's root directory.

@@ -52,7 +52,7 @@ impl NatsServer {
         let dir =
             std::env::temp_dir().join(format!("datum-nats-{}-{}", std::process::id(), unique()));
         std::fs::create_dir_all(&dir).expect("nats directory");
-        let port = free_port();
+        let port = crate::free_port();
         let config = format!(
             "listen: \"127.0.0.1:{port}\"\n\
              jetstream {{\n  store_dir: \"{store}\"\n  max_memory_store: 64MB\n  \
@@ -165,11 +165,4 @@ impl Drop for NatsServer {
 fn unique() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }

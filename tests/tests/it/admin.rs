@@ -4,19 +4,12 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use datum_tests::{cluster, connect, example_wasm, example_wasm_path};
+use datum_tests::{cluster, connect, example_wasm, example_wasm_path, free_port};
 use serde_json::{Value as Json, json};
 
 use crate::run::{Host, lines, temp_dir, toml_string, wait_for_slots};
 
 const TOKEN: &str = "test-admin-token-0123456789";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
 
 /// An HTTP client for one host's admin API.
 struct Admin {

@@ -8,20 +8,13 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use datum::{Lsn, Offset, Store};
-use datum_tests::{cluster, connect, example_wasm, example_wasm_path};
+use datum_tests::{cluster, connect, example_wasm, example_wasm_path, free_port};
 use serde_json::Value as Json;
 
 use crate::checkpoint::confirmed_flush;
 use crate::run::{Host, lines, temp_dir, toml_string, wait_for_line, wait_for_slots};
 
 const TOKEN: &str = "faults-admin-token-0123456789abcdef";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
 
 /// A host configuration: pipeline `p` over `public.t` into `dir/out.jsonl`,
 /// its state in `state`, the admin API on `port`; `extra` is added to the

@@ -6,41 +6,22 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use datum_tests::cluster;
+use datum_tests::{cluster, free_port};
 use serde_json::Value as Json;
 
-use crate::run::{Host, temp_dir, toml_string};
-use crate::snapshot::{two_databases, wait_equal};
-
-const TOKEN: &str = "leader-admin-token-0123456789abcdef0123";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
+use crate::run::{Host, temp_dir};
+use crate::snapshot::{two_databases, wait_equal, writer};
 
 /// One machine's configuration: its own state file and admin port, the
 /// same pipeline as the other's.
 fn config(src: &str, dst: &str, dir: &Path, port: u16) -> String {
-    format!(
-        r#"
-state = {state}
-
-[admin]
-listen = "127.0.0.1:{port}"
-token = "{TOKEN}"
-
-[[pipeline]]
-name = "p"
-source = {{ url = {src}, tables = ["public.t"], leader_lock = true }}
-snapshot.mode = "never"
-sink = {{ type = "postgres", url = {dst} }}
-"#,
-        state = toml_string(dir.join("state.redb").to_str().expect("utf-8")),
-        src = toml_string(src),
-        dst = toml_string(dst),
+    crate::snapshot::config(
+        src,
+        dst,
+        dir,
+        port,
+        &["public.t"],
+        "source.leader_lock = true\nsnapshot.mode = \"never\"\n",
     )
 }
 
@@ -48,7 +29,7 @@ sink = {{ type = "postgres", url = {dst} }}
 async fn state(port: u16) -> Option<String> {
     let response = reqwest::Client::new()
         .get(format!("http://127.0.0.1:{port}/v1/pipelines/p"))
-        .bearer_auth(TOKEN)
+        .bearer_auth(crate::snapshot::TOKEN)
         .timeout(Duration::from_secs(2))
         .send()
         .await
@@ -98,55 +79,20 @@ impl Machine {
     }
 }
 
-/// Inserts, updates (keys too) and deletes rows of `t` until `stop`.
-async fn writer(url: String, stop: tokio::sync::watch::Receiver<bool>) -> u64 {
-    let client = datum_tests::connect(&url).await;
-    let mut state = 0x853c_49e6_748f_ea9b_u64;
-    let mut next = 1_000_i64;
-    let mut statements = 0;
-    while !*stop.borrow() {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        let id = (state % 1_000) as i64 + 1;
-        let sql = match (state >> 16) % 10 {
-            0..=3 => format!("UPDATE t SET v = v + 1 WHERE id = {id}"),
-            4 => {
-                next += 1;
-                format!("UPDATE t SET id = {next} WHERE id = {id}")
-            }
-            5 => format!("DELETE FROM t WHERE id = {id}"),
-            _ => {
-                next += 1;
-                format!("INSERT INTO t VALUES ({next}, 0)")
-            }
-        };
-        client
-            .batch_execute(&sql)
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"));
-        statements += 1;
-        tokio::time::sleep(Duration::from_millis(3)).await;
-    }
-    statements
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_active_host_killed_ten_times_hands_over_to_the_standby_and_the_target_ends_equal() {
     let pg = cluster();
     let (src, dst) = two_databases(&pg).await;
-    src.batch_execute(
-        "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL);
-         INSERT INTO t SELECT g, 0 FROM generate_series(1, 1000) g;",
-    )
-    .await
-    .expect("source");
-    dst.batch_execute(
-        "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL);
-         INSERT INTO t SELECT g, 0 FROM generate_series(1, 1000) g;",
-    )
-    .await
-    .expect("target");
+    // The same rows on both sides to start with (no initial copy), then
+    // the changes of the snapshot tests' writer.
+    for (db, what) in [(&src, "source"), (&dst, "target")] {
+        db.batch_execute(
+            "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL, note text);
+             INSERT INTO t SELECT g, 0, 'row ' || g FROM generate_series(1, 1000) g;",
+        )
+        .await
+        .expect(what);
+    }
     let (src_url, dst_url) = (pg.conninfo("src"), pg.conninfo("dst"));
     let mut machines = [
         Machine::new("leader-a", &src_url, &dst_url),
@@ -195,7 +141,7 @@ async fn the_active_host_killed_ten_times_hands_over_to_the_standby_and_the_targ
 
     let first = wait_active(&machines).await;
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let writing = tokio::spawn(writer(src_url.clone(), stopped));
+    let writing = tokio::spawn(writer(src_url.clone(), 1000, stopped));
     let mut takeovers = Vec::new();
     for round in 0..10 {
         let was = wait_active(&machines).await;

@@ -21,14 +21,28 @@ use crate::run::{Host, temp_dir, toml_string};
 /// server at `nats`; `sink` adds keys to the sink's table, `extra` goes at
 /// the end.
 fn config(src: &str, nats: &str, dir: &Path, sink: &str, extra: &str) -> String {
+    config_of("p", &["a", "b"], src, nats, dir, sink, extra)
+}
+
+/// `config` with pipeline `name` over `tables` (in `public`).
+fn config_of(
+    name: &str,
+    tables: &[&str],
+    src: &str,
+    nats: &str,
+    dir: &Path,
+    sink: &str,
+    extra: &str,
+) -> String {
+    let tables: Vec<String> = tables.iter().map(|t| format!("\"public.{t}\"")).collect();
     format!(
         r#"
 state = {state}
 
 [[pipeline]]
-name = "p"
+name = "{name}"
 source.url = {src}
-source.tables = ["public.a", "public.b"]
+source.tables = [{tables}]
 snapshot.mode = "never"
 sink = {{ type = "nats", url = {nats}, stream = "DATUM"{sink} }}
 {extra}
@@ -36,6 +50,7 @@ sink = {{ type = "nats", url = {nats}, stream = "DATUM"{sink} }}
         state = toml_string(dir.join("state.redb").to_str().expect("utf-8")),
         src = toml_string(src),
         nats = toml_string(nats),
+        tables = tables.join(", "),
         sink = if sink.is_empty() {
             String::new()
         } else {
@@ -448,20 +463,7 @@ async fn a_password_over_tls_is_accepted_and_a_wrong_one_is_a_clear_error() {
         .user_and_password("datum".into(), "s3cret-Pa55".into())
         .add_root_certificates(ca.clone().into())
         .require_tls(true);
-    let client = reader.connect(&url).await.expect("reader over TLS");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let js = jetstream::new(client.clone());
-        let count = match js.get_stream("DATUM").await {
-            Ok(mut s) => s.info().await.map(|i| i.state.messages).unwrap_or(0),
-            Err(_) => 0,
-        };
-        if count as usize >= written.len() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{count} stored:\n{}", host.log());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    until_counted(&nats, reader, written.len(), &host).await;
     drop(host);
 
     let wrong = temp_dir("nats-wrong-password");
@@ -543,21 +545,7 @@ async fn two_hosts_on_disjoint_tables_fill_one_stream_and_a_consumer_group_reads
     let src = pg.conninfo("postgres");
     schema(&src).await;
     let host_config = |name: &str, table: &str, dir: &Path| {
-        format!(
-            r#"
-state = {state}
-
-[[pipeline]]
-name = "{name}"
-source.url = {src}
-source.tables = ["public.{table}"]
-snapshot.mode = "never"
-sink = {{ type = "nats", url = {nats}, stream = "DATUM", {CREATE} }}
-"#,
-            state = toml_string(dir.join("state.redb").to_str().expect("utf-8")),
-            src = toml_string(&src),
-            nats = toml_string(&nats.url()),
-        )
+        config_of(name, &[table], &src, &nats.url(), dir, CREATE, "")
     };
     let (dir_a, dir_b) = (temp_dir("nats-scale-a"), temp_dir("nats-scale-b"));
     let host_a = Host::start(&dir_a, &host_config("pa", "a", &dir_a));
@@ -642,6 +630,30 @@ async fn count_with(url: &str, options: async_nats::ConnectOptions, name: &str) 
     }
 }
 
+/// Waits (60 s at most) until stream `DATUM` of `nats`, read with
+/// `reader`, holds `count` messages.
+async fn until_counted(
+    nats: &NatsServer,
+    reader: async_nats::ConnectOptions,
+    count: usize,
+    host: &Host,
+) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let stored = count_with(&nats.url(), reader.clone(), "DATUM").await;
+        if stored as usize >= count {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{stored} of {count} stored:\n{}\n--- nats-server:\n{}",
+            host.log(),
+            nats.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Starts a host whose sink authenticates with `sink_auth` (its secret in
 /// `NATS_TEST_SECRET`) against a server configured with `server_auth`;
 /// checks that the changes of a few transactions are stored, read back
@@ -669,15 +681,7 @@ async fn authenticated_changes_arrive(
     );
     crate::run::wait_for_slots(&connect(&src).await, &["datum_p"], &host).await;
     let written = write(&src, 10, 0, Duration::ZERO).await;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let count = count_with(&nats.url(), reader.clone(), "DATUM").await;
-        if count as usize >= written.len() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{count} stored:\n{}", host.log());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    until_counted(&nats, reader, written.len(), &host).await;
     let log = host.log();
     assert!(!log.contains(secret), "the secret reached the log:\n{log}");
     let _ = std::fs::remove_dir_all(&dir);
@@ -822,20 +826,7 @@ async fn a_creds_file_relative_to_the_configuration_is_accepted() {
     crate::run::wait_for_slots(&connect(&src).await, &["datum_p"], &host).await;
     let written = write(&src, 10, 0, Duration::ZERO).await;
     let reader = async_nats::ConnectOptions::with_credentials(&creds).expect("credentials");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let count = count_with(&nats.url(), reader.clone(), "DATUM").await;
-        if count as usize >= written.len() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{count} stored:\n{}\n--- nats-server:\n{}",
-            host.log(),
-            nats.log()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    until_counted(&nats, reader, written.len(), &host).await;
     let log = host.log();
     assert!(!log.contains(&seed), "the seed reached the log:\n{log}");
     let _ = std::fs::remove_dir_all(&dir);

@@ -7,23 +7,23 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use datum_tests::{cluster, connect, rows};
+use datum_tests::{cluster, connect, free_port, rows};
 use serde_json::Value as Json;
 
 use crate::run::{Host, temp_dir, toml_string};
 
-const TOKEN: &str = "snapshot-admin-token-0123456789abcdef";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
+pub(crate) const TOKEN: &str = "snapshot-admin-token-0123456789abcdef";
 
 /// A host with pipeline `p` from database `src` into database `dst` (the
 /// postgres sink), its admin API on `port`; `extra` goes at the end.
-fn config(src: &str, dst: &str, dir: &Path, port: u16, tables: &[&str], extra: &str) -> String {
+pub(crate) fn config(
+    src: &str,
+    dst: &str,
+    dir: &Path,
+    port: u16,
+    tables: &[&str],
+    extra: &str,
+) -> String {
     let tables: Vec<String> = tables.iter().map(|t| toml_string(t)).collect();
     format!(
         r#"
@@ -191,7 +191,11 @@ impl Rng {
 
 /// Random inserts, updates (some moving the key) and deletes of `t` until
 /// `stop` says so; how many statements ran.
-async fn writer(url: String, rows: u64, stop: tokio::sync::watch::Receiver<bool>) -> u64 {
+pub(crate) async fn writer(
+    url: String,
+    rows: u64,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> u64 {
     let client = connect(&url).await;
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let mut statements = 0;
