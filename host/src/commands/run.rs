@@ -53,6 +53,9 @@ pub(crate) async fn run(
     let engine = daemon::engine(config)?;
     let store = Arc::new(Store::open(&config.state.0).map_err(StartError::from)?);
     let prepared = daemon::prepare_with(config, &engine, Some(&store)).await?;
+    // Compiling modules leaves megabytes of freed memory in the allocator's
+    // arenas: give it back before the host settles into streaming.
+    crate::transform::engine::release_freed_memory();
     let (stop_tx, stop_rx) = watch::channel(false);
     let pipelines = daemon::Supervisors::start(prepared, &store, &stop_rx);
     let admin = match &config.admin {

@@ -279,6 +279,7 @@ pub(crate) fn compile(
         crate::transform::encode_config(&table),
     )?;
     module.instance().warm()?;
+    crate::transform::engine::release_freed_memory();
     Ok(module)
 }
 
