@@ -799,6 +799,21 @@ impl Template {
                  wildcards (`*`, `>`) or spaces"
             ));
         }
+        // Every placeholder is one non-empty token, so the literal text
+        // decides whether a token can be empty.
+        let sample: String = parts
+            .iter()
+            .map(|p| match p {
+                Part::Text(t) => t.as_str(),
+                _ => "x",
+            })
+            .collect();
+        if sample.split('.').any(str::is_empty) {
+            return Err(format!(
+                "the nats sink's subject {text:?} has an empty token (a leading or trailing \
+                 `.`, or `..`)"
+            ));
+        }
         Ok(Template { parts })
     }
 
@@ -898,6 +913,16 @@ mod tests {
         assert!(open.contains("without its"), "{open}");
         let wild = Template::parse("datum.*.{table}").expect_err("wildcard");
         assert!(wild.contains("wildcards"), "{wild}");
+        for empty in [
+            "datum..{table}",
+            ".{table}",
+            "{table}.",
+            "datum.{schema}{table}.",
+        ] {
+            let refused = Template::parse(empty).expect_err(empty);
+            assert!(refused.contains("empty token"), "{refused}");
+        }
+        assert!(Template::parse("{schema}{table}").is_ok());
     }
 
     #[test]
