@@ -878,6 +878,12 @@ async fn prepare_source(
 ) -> Result<Option<source::Prepared>, PipelineError> {
     let mut backoff = Backoff::new(config.source.reconnect_initial, config.source.reconnect_max);
     let mut attempt = 1u64;
+    // Under the leader lock a slot past this host's checkpoint is where
+    // another host left it: the source follows it instead of refusing.
+    let source_config = SourceConfig {
+        follow_slot: config.source.follow_slot || config.leader_lock,
+        ..config.source.clone()
+    };
     loop {
         let intent = || {
             if checkpoint.is_none() {
@@ -897,7 +903,7 @@ async fn prepare_source(
             }
             Ok(())
         };
-        let prepare = source::prepare(&config.source, checkpoint.map(|o| o.end_lsn), intent);
+        let prepare = source::prepare(&source_config, checkpoint.map(|o| o.end_lsn), intent);
         let outcome = tokio::select! {
             biased;
             _ = shutdown.as_mut() => return Ok(None),

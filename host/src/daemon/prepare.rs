@@ -170,7 +170,6 @@ async fn prepare_pipeline(
     config.drain_timeout = spec.drain_timeout.0;
     config.adopt_slot = spec.source.adopt_slot;
     config.leader_lock = spec.source.leader_lock;
-    config.source.follow_slot = spec.source.leader_lock;
     config.snapshot = super::snapshot::SnapshotPolicy {
         mode: spec.snapshot.mode,
         chunk_rows: spec
