@@ -40,8 +40,8 @@ use crate::transform::encode::ChangeRef;
 pub(crate) struct NatsSettings {
     /// `nats://host:port`, several separated by commas.
     pub url: String,
-    /// The subject template.
-    pub subject: String,
+    /// The subject template, parsed.
+    pub subject: Template,
     /// The stream the subjects belong to.
     pub stream: String,
     /// The stream to create when it is missing.
@@ -185,10 +185,10 @@ impl NatsSettings {
                     .into(),
             );
         }
-        Template::parse(subject)?;
+        let subject = Template::parse(subject)?;
         Ok(NatsSettings {
             url: url.0.clone(),
-            subject: subject.clone(),
+            subject,
             stream: stream.0.clone(),
             create,
             msgpack: *format == NatsFormat::Msgpack,
@@ -209,7 +209,6 @@ impl NatsSettings {
 pub(crate) struct NatsSink {
     pipeline: String,
     settings: NatsSettings,
-    template: Template,
     context: jetstream::Context,
     /// What the server refused, as it says so asynchronously (a refused
     /// login or a denied publish is not an answer to a message).
@@ -241,7 +240,6 @@ impl NatsSink {
         pipeline: &str,
         settings: NatsSettings,
     ) -> Result<NatsSink, SinkError> {
-        let template = Template::parse(&settings.subject).map_err(SinkError::definite)?;
         let denied = Arc::new(Mutex::new(Denied::default()));
         let mut options = async_nats::ConnectOptions::new()
             .name(format!("datum {pipeline}"))
@@ -302,7 +300,6 @@ impl NatsSink {
         Ok(NatsSink {
             pipeline: pipeline.to_owned(),
             settings,
-            template,
             context,
             denied,
             stream_checked: false,
@@ -409,7 +406,7 @@ impl NatsSink {
             let txn = batch.txn();
             let headers = TxnHeaders::new(&self.pipeline, txn);
             for (index, change) in batch.changes().enumerate() {
-                let subject = self.template.render(&self.pipeline, change);
+                let subject = self.settings.subject.render(&self.pipeline, change);
                 self.payload.clear();
                 encode(
                     &mut self.payload,
