@@ -21,7 +21,7 @@ use crate::Config;
 use crate::error::{Error, Result};
 use crate::lazy::{Layout, LazyBatch, decode_change};
 use crate::msgpack::{CHANGES_PREFIX, MAX_ARRAY_HEADER, write_array_len, write_uint};
-use crate::wire::{Batch, Change, Envelope, Output, to_msgpack};
+use crate::wire::{Batch, Change, Envelope, Op, Output, to_msgpack};
 
 /// The input change being processed, or -1: the panic hook reads it.
 static CURRENT: AtomicI64 = AtomicI64::new(-1);
@@ -215,8 +215,12 @@ fn count(n: usize) -> Result<u32> {
 
 /// Runs `per_change` on each input change; it appends its output to the body
 /// and returns how many elements it appended.
+///
+/// A `schema` change passes through by index without reaching
+/// `per_change`, unless `schema_changes` says the function asked for them.
 fn per_change(
     input: &[u8],
+    schema_changes: bool,
     mut per_change: impl FnMut(&mut Vec<u8>, Change, &[u8], u32) -> Result<usize>,
 ) -> Vec<u8> {
     let outcome = (|| {
@@ -229,6 +233,11 @@ fn per_change(
             set_current(Some(index));
             let bytes = &input[range.clone()];
             let change = decode_change(bytes, i)?;
+            if change.op == Op::Schema && !schema_changes {
+                write_uint(&mut body, index);
+                elements += 1;
+                continue;
+            }
             elements += per_change(&mut body, change, bytes, index).map_err(|e| e.or_at(index))?;
         }
         set_current(None);
@@ -238,13 +247,14 @@ fn per_change(
     outcome.unwrap_or_else(error_envelope)
 }
 
-/// A filter: keeps the changes for which `keep` answers `true`, by index.
-pub fn filter<F, R>(input: Vec<u8>, mut keep: F) -> Vec<u8>
+/// A filter: keeps the changes for which `keep` answers `true`, by index
+/// (and every `schema` change, unless `schema_changes`).
+pub fn filter<F, R>(input: Vec<u8>, mut keep: F, schema_changes: bool) -> Vec<u8>
 where
     F: FnMut(&Change) -> R,
     R: FilterResult,
 {
-    per_change(&input, |body, change, _, index| {
+    per_change(&input, schema_changes, |body, change, _, index| {
         if keep(&change).into_keep()? {
             write_uint(body, index);
             Ok(1)
@@ -254,30 +264,34 @@ where
     })
 }
 
-/// A map: replaces each change by what `f` returns (or drops it on `None`).
-pub fn map<F, R>(input: Vec<u8>, mut f: F) -> Vec<u8>
+/// A map: replaces each change by what `f` returns (or drops it on `None`);
+/// a `schema` change passes through unless `schema_changes`.
+pub fn map<F, R>(input: Vec<u8>, mut f: F, schema_changes: bool) -> Vec<u8>
 where
     F: FnMut(Change) -> R,
     R: MapResult,
 {
-    per_change(&input, |body, change, bytes, index| {
-        match f(change).into_change()? {
+    per_change(
+        &input,
+        schema_changes,
+        |body, change, bytes, index| match f(change).into_change()? {
             Some(out) => {
                 emit(body, &out, bytes, index)?;
                 Ok(1)
             }
             None => Ok(0),
-        }
-    })
+        },
+    )
 }
 
-/// A flat map: replaces each change by the changes `f` returns.
-pub fn flat_map<F, R>(input: Vec<u8>, mut f: F) -> Vec<u8>
+/// A flat map: replaces each change by the changes `f` returns; a `schema`
+/// change passes through unless `schema_changes`.
+pub fn flat_map<F, R>(input: Vec<u8>, mut f: F, schema_changes: bool) -> Vec<u8>
 where
     F: FnMut(Change) -> R,
     R: FlatMapResult,
 {
-    per_change(&input, |body, change, bytes, index| {
+    per_change(&input, schema_changes, |body, change, bytes, index| {
         let outs = f(change).into_changes()?;
         for out in &outs {
             emit(body, out, bytes, index)?;
@@ -354,6 +368,43 @@ mod tests {
 
     fn envelope(bytes: &[u8]) -> Envelope {
         from_msgpack(bytes).expect("an envelope")
+    }
+
+    #[test]
+    fn schema_changes_pass_a_per_change_function_by_unless_it_asks_for_them() {
+        let mut input = batch(2);
+        input
+            .changes
+            .insert(1, Change::new(Op::Schema, "public", "users"));
+        let bytes = to_msgpack(&input).expect("encodes");
+        let drop_all = |_: &Change| -> Result<bool> { Ok(false) };
+        let kept = |answer: Vec<u8>| match envelope(&answer) {
+            Envelope::Changes { changes } => changes,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            kept(filter(bytes.clone(), drop_all, false)),
+            vec![Output::Keep(1)],
+            "a schema change passes a filter that did not ask for it"
+        );
+        assert!(kept(filter(bytes.clone(), drop_all, true)).is_empty());
+        let mut seen = Vec::new();
+        let answer = map(
+            bytes.clone(),
+            |c: Change| -> Result<Option<Change>> {
+                seen.push(c.op);
+                Ok(None)
+            },
+            false,
+        );
+        assert_eq!(kept(answer), vec![Output::Keep(1)]);
+        assert_eq!(seen, [Op::Insert, Op::Insert]);
+        let answer = flat_map(
+            bytes,
+            |_: Change| -> Result<Vec<Change>> { Ok(vec![]) },
+            true,
+        );
+        assert!(kept(answer).is_empty());
     }
 
     #[test]
@@ -484,14 +535,14 @@ mod tests {
             vec![0x81, 0xa3],
             b"\x82\xa3txn\x80\xa7changes\x91\x01".to_vec(),
         ] {
-            match envelope(&filter(input.clone(), keep)) {
+            match envelope(&filter(input.clone(), keep, false)) {
                 Envelope::Error { error } => assert!(!error.message.is_empty()),
                 other => panic!("{input:?} gave {other:?}"),
             }
         }
         // The last input's change is the integer 1: blamed by index.
         let bad_change = b"\x82\xa3txn\x80\xa7changes\x91\x01".to_vec();
-        match envelope(&map(bad_change, Ok::<Change, Error>)) {
+        match envelope(&map(bad_change, Ok::<Change, Error>, false)) {
             Envelope::Error {
                 error: GuestError { index, message },
             } => {
@@ -503,7 +554,7 @@ mod tests {
         // The transaction may be empty for a filter; a transform needs it.
         let empty_txn = b"\x82\xa3txn\x80\xa7changes\x90".to_vec();
         assert!(matches!(
-            envelope(&filter(empty_txn.clone(), keep)),
+            envelope(&filter(empty_txn.clone(), keep, false)),
             Envelope::Changes { .. }
         ));
         let transform_err = transform(empty_txn, |b: Batch| Ok::<Vec<Change>, Error>(b.changes));
@@ -537,6 +588,7 @@ mod tests {
         let bytes = filter(
             crate::wire::to_msgpack(&batch(2)).expect("encode"),
             |_: &Change| Ok::<_, Error>(true),
+            false,
         );
         assert_eq!(bytes, b"\x81\xa7changes\x92\x00\x01");
     }

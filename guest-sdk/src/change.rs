@@ -8,7 +8,8 @@
 
 use crate::error::{Error, Result};
 use crate::wire::{
-    Batch, Change, Column, LogicalMessage, Op, Row, TableName, Truncate, Txn, Value,
+    Batch, Change, Column, LogicalMessage, Op, Row, SchemaChange, ShapeColumn, TableName, Truncate,
+    Txn, Value,
 };
 
 /// Builds a [`Row`] from `name => value` pairs, each value anything that
@@ -365,6 +366,99 @@ impl Txn {
     }
 }
 
+/// What changed between the two shapes of a `schema` change.
+///
+/// PostgreSQL does not say that a column was renamed: a rename shows as the
+/// old name dropped and the new one added (the captured DDL, when there is
+/// some, says `RENAME`).
+impl SchemaChange {
+    /// Columns of the new shape that the old one has no column of that name.
+    pub fn added(&self) -> impl Iterator<Item = &ShapeColumn> {
+        self.after
+            .columns
+            .iter()
+            .filter(|c| !self.before.columns.iter().any(|b| b.name == c.name))
+    }
+
+    /// Columns of the old shape that the new one has no column of that name.
+    pub fn dropped(&self) -> impl Iterator<Item = &ShapeColumn> {
+        self.before
+            .columns
+            .iter()
+            .filter(|c| !self.after.columns.iter().any(|a| a.name == c.name))
+    }
+
+    /// Columns in both shapes whose type (with its modifier) differs, as
+    /// `(before, after)`.
+    pub fn retyped(&self) -> impl Iterator<Item = (&ShapeColumn, &ShapeColumn)> {
+        self.before.columns.iter().filter_map(|b| {
+            self.after
+                .columns
+                .iter()
+                .find(|a| a.name == b.name)
+                .filter(|a| a.type_name != b.type_name || a.sql_type != b.sql_type)
+                .map(|a| (b, a))
+        })
+    }
+
+    /// Whether the table's schema or name changed.
+    pub fn renamed(&self) -> bool {
+        self.before.schema != self.after.schema || self.before.table != self.after.table
+    }
+
+    /// One line for people: `+ note text, - legacy, ~ amount int4 → int8`,
+    /// and the table's new name or replica identity when they changed.
+    pub fn summary(&self) -> String {
+        let mut parts: Vec<String> = Vec::new();
+        if self.renamed() {
+            parts.push(format!(
+                "renamed from {}.{}",
+                self.before.schema, self.before.table
+            ));
+        }
+        parts.extend(self.added().map(|c| format!("+ {} {}", c.name, c.sql_type)));
+        parts.extend(self.dropped().map(|c| format!("- {}", c.name)));
+        parts.extend(
+            self.retyped()
+                .map(|(b, a)| format!("~ {} {} → {}", a.name, b.sql_type, a.sql_type)),
+        );
+        let keys = |shape: &crate::wire::TableShape| -> Vec<String> {
+            shape
+                .columns
+                .iter()
+                .filter(|c| c.key)
+                .map(|c| c.name.clone())
+                .collect()
+        };
+        if self.before.replica_identity != self.after.replica_identity {
+            parts.push(format!(
+                "replica identity {} → {}",
+                self.before.replica_identity, self.after.replica_identity
+            ));
+        } else if keys(&self.before) != keys(&self.after) {
+            parts.push(format!(
+                "key ({}) → ({})",
+                keys(&self.before).join(", "),
+                keys(&self.after).join(", ")
+            ));
+        }
+        fn names(shape: &crate::wire::TableShape) -> Vec<&str> {
+            shape.columns.iter().map(|c| c.name.as_str()).collect()
+        }
+        let mut kept_before = names(&self.before);
+        kept_before.retain(|n| self.after.columns.iter().any(|a| a.name == *n));
+        let mut kept_after = names(&self.after);
+        kept_after.retain(|n| self.before.columns.iter().any(|b| b.name == *n));
+        if kept_before != kept_after {
+            parts.push(format!("columns reordered: {}", kept_after.join(", ")));
+        }
+        if parts.is_empty() {
+            parts.push("no change to its columns".to_owned());
+        }
+        parts.join(", ")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -433,5 +527,46 @@ mod tests {
             row.set("id", 2);
         }
         assert_eq!(d.old.and_then(|r| r.get_i64("id")), Some(2));
+    }
+
+    #[test]
+    fn a_schema_change_says_what_changed() {
+        use crate::wire::TableShape;
+        let column = |name: &str, sql_type: &str| ShapeColumn {
+            name: name.into(),
+            type_name: sql_type.split('(').next().unwrap_or_default().into(),
+            sql_type: sql_type.into(),
+            key: name == "id",
+        };
+        let shape = |table: &str, columns: Vec<ShapeColumn>| TableShape {
+            schema: "public".into(),
+            table: table.into(),
+            columns,
+            replica_identity: "default".into(),
+        };
+        let change = SchemaChange {
+            before: shape(
+                "t",
+                vec![
+                    column("id", "int4"),
+                    column("old", "text"),
+                    column("v", "varchar(10)"),
+                ],
+            ),
+            after: shape(
+                "t2",
+                vec![
+                    column("id", "int4"),
+                    column("v", "varchar(20)"),
+                    column("new", "int8"),
+                ],
+            ),
+            ddl: Vec::new(),
+        };
+        assert_eq!(
+            change.summary(),
+            "renamed from public.t, + new int8, - old, ~ v varchar(10) → varchar(20)"
+        );
+        assert!(change.renamed());
     }
 }

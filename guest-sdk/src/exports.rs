@@ -1,5 +1,5 @@
 //! The module's side of the wasm boundary (wasm32 only): the exports every
-//! Datum module has — `datum_abi_v1`, `datum_alloc`, `datum_dealloc`,
+//! Datum module has — `datum_abi_v1`, `datum_schema_changes`, `datum_alloc`, `datum_dealloc`,
 //! `datum_panic_message` — and the entry points the macros' glue calls for
 //! `datum_transform` and `datum_init`.
 //!
@@ -21,6 +21,11 @@ static PANIC_MESSAGE: Mutex<Option<Box<[u8]>>> = Mutex::new(None);
 /// Marks ABI version 1. Never called.
 #[unsafe(no_mangle)]
 pub extern "C" fn datum_abi_v1() {}
+
+/// Marks a module that understands `schema` changes: the host sends them
+/// to it (`docs/abi.md`). Never called.
+#[unsafe(no_mangle)]
+pub extern "C" fn datum_schema_changes() {}
 
 /// Returns `len` writable bytes (align 1), or 0 if memory is exhausted.
 /// A zero-length request gets a non-null dangling pointer.

@@ -32,6 +32,13 @@
 //! logic in functions that take it as an argument, so tests can try several
 //! configurations.
 //!
+//! A table whose shape changed (a column added, dropped or retyped) sends a
+//! `schema` change ([`Op::Schema`], [`Change::schema_change`]) before the
+//! first row of its new shape. `#[filter]`, `#[map]` and `#[flat_map]`
+//! functions do not see these: they pass through unchanged. To see them,
+//! write the attribute as `#[filter(schema_changes)]` (or `#[map(...)]`,
+//! `#[flat_map(...)]`); a `#[transform]` function sees every change.
+//!
 //! `Result` is [`Result`] (any error type that converts into [`Error`] works
 //! too). A `#[filter]`, `#[map]` or `#[flat_map]` error blames the change it
 //! was given; a panic traps the module, and the host reports
@@ -134,7 +141,7 @@ pub use rust_decimal;
 pub use rust_decimal::Decimal;
 pub use wire::{
     Batch, Change, Column, Date, Envelope, GuestError, Interval, LogicalMessage, Op, Output, Row,
-    TableName, Timestamp, Truncate, Txn, Value,
+    SchemaChange, ShapeColumn, TableName, TableShape, Timestamp, Truncate, Txn, Value,
 };
 
 /// The version of the host–guest ABI this SDK speaks (`datum_abi_v1`).

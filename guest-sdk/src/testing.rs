@@ -164,13 +164,14 @@ fn run(batch: &Batch, driver: impl FnOnce(Vec<u8>) -> Vec<u8>) -> Result<Answer>
     }
 }
 
-/// Runs a `#[filter]` function on a batch.
+/// Runs a `#[filter]` function on a batch (`schema` changes pass it by,
+/// as for `#[filter]` without `schema_changes`).
 pub fn run_filter<F, R>(f: F, batch: &Batch) -> Result<Answer>
 where
     F: FnMut(&Change) -> R,
     R: FilterResult,
 {
-    run(batch, |input| abi::filter(input, f))
+    run(batch, |input| abi::filter(input, f, false))
 }
 
 /// Runs a `#[map]` function on a batch.
@@ -179,7 +180,7 @@ where
     F: FnMut(Change) -> R,
     R: MapResult,
 {
-    run(batch, |input| abi::map(input, f))
+    run(batch, |input| abi::map(input, f, false))
 }
 
 /// Runs a `#[flat_map]` function on a batch.
@@ -188,7 +189,7 @@ where
     F: FnMut(Change) -> R,
     R: FlatMapResult,
 {
-    run(batch, |input| abi::flat_map(input, f))
+    run(batch, |input| abi::flat_map(input, f, false))
 }
 
 /// Runs a `#[transform]` function on a batch.

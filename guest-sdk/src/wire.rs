@@ -147,6 +147,9 @@ pub enum Op {
     Snapshot,
     /// A `pg_logical_emit_message` payload (see [`Change::message`]).
     Message,
+    /// The table's shape changed (see [`Change::schema_change`]): it comes
+    /// before the first row of the new shape.
+    Schema,
 }
 
 /// A column of the changed table.
@@ -330,6 +333,52 @@ pub struct LogicalMessage {
     pub transactional: bool,
 }
 
+/// A column as a `schema` change describes it: with its full SQL type.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ShapeColumn {
+    /// Column name.
+    pub name: String,
+    /// PostgreSQL type name, as in [`Column::type_name`] (`varchar`).
+    #[serde(rename = "type")]
+    pub type_name: String,
+    /// The type with its modifier, as DDL writes it (`varchar(10)`,
+    /// `numeric(12,2)`); the same as `type_name` when there is none.
+    #[serde(default)]
+    pub sql_type: String,
+    /// Part of the replica identity.
+    #[serde(default)]
+    pub key: bool,
+}
+
+/// A table's shape at one moment: its name, columns and replica identity.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TableShape {
+    /// Schema.
+    pub schema: String,
+    /// Table.
+    pub table: String,
+    /// Columns, in order.
+    #[serde(default)]
+    pub columns: Vec<ShapeColumn>,
+    /// `default`, `nothing`, `full` or `index`.
+    #[serde(default)]
+    pub replica_identity: String,
+}
+
+/// What a `schema` change says: the table's shape before and after, and the
+/// DDL statements that changed it when they were captured.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SchemaChange {
+    /// The shape the rows before this change had.
+    pub before: TableShape,
+    /// The shape the rows after this change have.
+    pub after: TableShape,
+    /// The statements that caused it (`source.capture_ddl`), oldest first;
+    /// empty when not captured.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ddl: Vec<String>,
+}
+
 /// One change.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Change {
@@ -359,6 +408,9 @@ pub struct Change {
     /// For `message`: the payload.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<LogicalMessage>,
+    /// For `schema`: the shapes before and after.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_change: Option<SchemaChange>,
 }
 
 impl Change {
@@ -374,6 +426,7 @@ impl Change {
             route: None,
             truncate: None,
             message: None,
+            schema_change: None,
         }
     }
 }

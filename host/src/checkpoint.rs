@@ -23,11 +23,19 @@
 //! | `module_active` | module | active version |
 //! | `module_activations` | (module, seq) | (version, at µs, effective after LSN) |
 //! | `dead_letters` | (pipeline, id) | (batch bytes, error, module version, at µs) |
+//! | `relation_shapes` | (pipeline, relation OID) | shape bytes |
 //!
 //! A module is keyed `PIPELINE/NAME` (the transform's name in the pipeline);
 //! a version's note is JSON: `{"config": TOML text, "origin": "config" |
 //! "upload", "fixtures": N}`. `module_activations` was added without a format
 //! change: older builds ignore it, and it is created on open.
+//!
+//! A shape is a MessagePack map (`schema`, `table`, `replica_identity`,
+//! `columns`: `name`, `type_oid`, `type_name`, `type_modifier`, `key`): the
+//! table's shape as the stream last described it up to the pipeline's
+//! checkpoint, written in the checkpoint's commit (`docs/schema.md`).
+//! `relation_shapes` was added without a format change, like
+//! `module_activations`.
 //!
 //! A snapshot's state is 0 pending, 1 copying, 2 done, 3 failed; its detail
 //! is a MessagePack map with named fields (`cursor`: the text of the last
@@ -41,8 +49,8 @@ use std::time::SystemTime;
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
-use crate::event::Lsn;
 pub(crate) use crate::event::Offset;
+use crate::event::{Column, Lsn, Relation, ReplicaIdentity};
 
 /// The format this build writes and the newest it reads.
 pub(crate) const FORMAT_VERSION: u64 = 1;
@@ -64,6 +72,10 @@ pub(crate) const MODULE_ACTIVATIONS: TableDefinition<(&str, u64), (u64, i64, u64
     TableDefinition::new("module_activations");
 /// Dead letters: (batch, error, module version, at). Filled by `on_error`.
 type DeadLetterRow = (&'static [u8], &'static str, u64, i64);
+/// Shapes are (pipeline, relation OID) → MessagePack (see the module
+/// documentation).
+const RELATION_SHAPES: TableDefinition<(&str, u32), &[u8]> =
+    TableDefinition::new("relation_shapes");
 pub(crate) const DEAD_LETTERS: TableDefinition<(&str, u64), DeadLetterRow> =
     TableDefinition::new("dead_letters");
 
@@ -332,6 +344,8 @@ impl Store {
             txn.open_table(MODULE_ACTIVATIONS)
                 .map_err(|e| self.storage(e))?;
             txn.open_table(DEAD_LETTERS).map_err(|e| self.storage(e))?;
+            txn.open_table(RELATION_SHAPES)
+                .map_err(|e| self.storage(e))?;
         }
         txn.commit().map_err(|e| self.storage(e))
     }
@@ -366,7 +380,7 @@ impl Store {
     /// Durably records where `pipeline` resumes; returns once it is on disk.
     /// An offset never moves backwards: an older one is ignored.
     pub fn commit_offset(&self, pipeline: &str, offset: Offset) -> Result<(), CheckpointError> {
-        self.write_offset(pipeline, offset, false, &[])
+        self.write_offset(pipeline, offset, false, &[], &[])
     }
 
     /// Durably records where `pipeline` resumes together with the snapshot
@@ -379,13 +393,51 @@ impl Store {
         offset: Offset,
         progress: &[SnapshotProgress],
     ) -> Result<(), CheckpointError> {
-        self.write_offset(pipeline, offset, false, progress)
+        self.write_offset(pipeline, offset, false, progress, &[])
+    }
+
+    /// Like [`Store::commit_offset_with`], with the table shapes the stream
+    /// described up to that position (`source/shapes.rs`).
+    pub(crate) fn commit_checkpoint(
+        &self,
+        pipeline: &str,
+        offset: Offset,
+        progress: &[SnapshotProgress],
+        shapes: &[Arc<Relation>],
+    ) -> Result<(), CheckpointError> {
+        self.write_offset(pipeline, offset, false, progress, shapes)
+    }
+
+    /// The table shapes kept for `pipeline`. A shape that does not read
+    /// (a damaged entry) is left out with a warning: the table's next
+    /// change is then compared with nothing, and no schema change is
+    /// reported for it.
+    pub(crate) fn relation_shapes(&self, pipeline: &str) -> Result<Vec<Relation>, CheckpointError> {
+        let txn = self.db()?.begin_read().map_err(|e| self.storage(e))?;
+        let table = txn
+            .open_table(RELATION_SHAPES)
+            .map_err(|e| self.storage(e))?;
+        let mut shapes = Vec::new();
+        for entry in table.range((pipeline, 0)..).map_err(|e| self.storage(e))? {
+            let (key, value) = entry.map_err(|e| self.storage(e))?;
+            let (name, oid) = key.value();
+            if name != pipeline {
+                break;
+            }
+            match rmp_serde::from_slice::<StoredShape>(value.value()) {
+                Ok(shape) => shapes.push(shape.into_relation(oid)),
+                Err(err) => {
+                    tracing::warn!(pipeline, oid, error = %err, "a kept table shape does not read; it is ignored");
+                }
+            }
+        }
+        Ok(shapes)
     }
 
     /// Durably replaces `pipeline`'s offset, also backwards: only for a slot
     /// that was recreated, whose positions have nothing to do with the old.
     pub fn reset_offset(&self, pipeline: &str, offset: Offset) -> Result<(), CheckpointError> {
-        self.write_offset(pipeline, offset, true, &[])
+        self.write_offset(pipeline, offset, true, &[], &[])
     }
 
     fn write_offset(
@@ -394,10 +446,23 @@ impl Store {
         offset: Offset,
         reset: bool,
         progress: &[SnapshotProgress],
+        shapes: &[Arc<Relation>],
     ) -> Result<(), CheckpointError> {
         let txn = self.db()?.begin_write().map_err(|e| self.storage(e))?;
         if !progress.is_empty() {
             self.write_progress(&txn, pipeline, progress)?;
+        }
+        if !shapes.is_empty() {
+            let mut table = txn
+                .open_table(RELATION_SHAPES)
+                .map_err(|e| self.storage(e))?;
+            for relation in shapes {
+                let bytes = rmp_serde::to_vec_named(&StoredShape::of(relation))
+                    .map_err(|e| self.storage(e))?;
+                table
+                    .insert((pipeline, relation.oid), bytes.as_slice())
+                    .map_err(|e| self.storage(e))?;
+            }
         }
         {
             let mut table = txn.open_table(OFFSETS).map_err(|e| self.storage(e))?;
@@ -406,7 +471,7 @@ impl Store {
                 .map_err(|e| self.storage(e))?
                 .map(|v| v.value().0);
             let stale = !reset && current.is_some_and(|end| end >= offset.end_lsn.0);
-            if stale && progress.is_empty() {
+            if stale && progress.is_empty() && shapes.is_empty() {
                 return Ok(());
             }
             if !stale {
@@ -638,6 +703,67 @@ impl SnapshotProgress {
             error: None,
             started_at: now,
             updated_at: now,
+        }
+    }
+}
+
+/// A `relation_shapes` value.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct StoredShape {
+    schema: String,
+    table: String,
+    replica_identity: String,
+    columns: Vec<StoredColumn>,
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct StoredColumn {
+    name: String,
+    type_oid: u32,
+    type_name: String,
+    type_modifier: i32,
+    key: bool,
+}
+
+impl StoredShape {
+    fn of(relation: &Relation) -> StoredShape {
+        StoredShape {
+            schema: relation.schema.clone(),
+            table: relation.table.clone(),
+            replica_identity: relation.replica_identity.name().to_owned(),
+            columns: relation
+                .columns
+                .iter()
+                .map(|c| StoredColumn {
+                    name: c.name.clone(),
+                    type_oid: c.type_oid,
+                    type_name: c.type_name.clone(),
+                    type_modifier: c.type_modifier,
+                    key: c.key,
+                })
+                .collect(),
+        }
+    }
+
+    /// The relation, for comparing and for a schema change's `before` (its
+    /// columns are never used to read values).
+    fn into_relation(self, oid: u32) -> Relation {
+        Relation {
+            oid,
+            schema: self.schema,
+            table: self.table,
+            replica_identity: ReplicaIdentity::from_name(&self.replica_identity)
+                .unwrap_or(ReplicaIdentity::Default),
+            columns: self
+                .columns
+                .into_iter()
+                .map(|c| {
+                    let mut column = Column::new(&c.name, &c.type_name, c.key);
+                    column.type_oid = c.type_oid;
+                    column.type_modifier = c.type_modifier;
+                    column
+                })
+                .collect(),
         }
     }
 }

@@ -234,6 +234,10 @@ pub struct SourceSpec {
     /// others stand by; `docs/scaling.md`).
     #[serde(default)]
     pub leader_lock: bool,
+    /// Capture DDL statements into the stream, in commit order, with an
+    /// event trigger that Datum installs when permitted (`docs/schema.md`).
+    #[serde(default)]
+    pub capture_ddl: bool,
 }
 
 fn yes() -> bool {
@@ -376,6 +380,21 @@ pub enum OnError {
     DeadLetter,
 }
 
+/// What the postgres sink does when a source table's shape changes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SchemaChanges {
+    /// A change the target table does not already reflect is a definite
+    /// error that names the statement to run on the target.
+    #[default]
+    Fail,
+    /// Added columns and widened types are applied to the target, in the
+    /// batch's transaction; anything else fails as under `fail`.
+    Apply,
+    /// The target is left alone.
+    Ignore,
+}
+
 /// `[pipeline.sink]`, by `type`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
@@ -416,6 +435,10 @@ pub enum SinkSpec {
         /// `source table → target table`, both `schema.table`.
         #[serde(default)]
         tables: BTreeMap<String, Text>,
+        /// What a `schema` change does to the target table
+        /// (`docs/schema.md`).
+        #[serde(default)]
+        schema_changes: SchemaChanges,
     },
     /// Each batch POSTed as JSON.
     Http {

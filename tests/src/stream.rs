@@ -61,7 +61,7 @@ impl Running {
         let stats = Arc::new(SourceStats::default());
         let handle = tokio::spawn(datum::run_source(
             config,
-            resume_after,
+            datum::Resume::at(resume_after),
             tx,
             feedback.clone(),
             stats.clone(),
@@ -207,6 +207,26 @@ pub fn render_change(change: &Change) -> String {
                 out,
                 "T {} cascade={cascade} restart_identity={restart_identity}",
                 names.join(",")
+            )
+            .ok();
+        }
+        Change::Schema {
+            relation, before, ..
+        } => {
+            let columns = |r: &datum::Relation| {
+                r.columns
+                    .iter()
+                    .map(|c| format!("{}:{}", c.name, c.sql_type()))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            };
+            write!(
+                out,
+                "A {}.{} {} -> {}",
+                relation.schema,
+                relation.table,
+                columns(before),
+                columns(relation)
             )
             .ok();
         }

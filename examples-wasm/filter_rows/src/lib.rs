@@ -136,6 +136,8 @@ impl Settings {
             Op::Truncate => return Ok(self.keep_truncates),
             Op::Message => return Ok(self.keep_messages),
             Op::Insert | Op::Update | Op::Delete | Op::Snapshot => {}
+            // Schema changes pass a `#[filter]` by without reaching it.
+            Op::Schema => return Ok(true),
         }
         if let Some(tables) = &self.tables
             && !tables.contains(&change.qualified_table())

@@ -182,11 +182,26 @@ fn expand(kind: &Kind, attr: TokenStream2, item: TokenStream2) -> TokenStream2 {
         }
     };
     let mut errors = Vec::new();
+    let per_change = matches!(kind.driver, "filter" | "map" | "flat_map");
+    let mut schema_changes = false;
     if !attr.is_empty() {
-        errors.push(syn::Error::new_spanned(
-            &attr,
-            format!("`#[{}]` takes no arguments", kind.name),
-        ));
+        if per_change && attr.to_string() == "schema_changes" {
+            schema_changes = true;
+        } else if per_change {
+            errors.push(syn::Error::new_spanned(
+                &attr,
+                format!(
+                    "`#[{}]` takes no arguments but `schema_changes` (the function then sees \
+                     `schema` changes too)",
+                    kind.name
+                ),
+            ));
+        } else {
+            errors.push(syn::Error::new_spanned(
+                &attr,
+                format!("`#[{}]` takes no arguments", kind.name),
+            ));
+        }
     }
     let (argument, result) = check_signature(kind, &function, &mut errors);
     if let Some(first) = errors.into_iter().reduce(|mut all, e| {
@@ -200,7 +215,13 @@ fn expand(kind: &Kind, attr: TokenStream2, item: TokenStream2) -> TokenStream2 {
         // `check_signature` reports an error whenever it finds no type.
         return function.into_token_stream();
     };
-    generate(kind, &function, argument, result)
+    generate(
+        kind,
+        &function,
+        argument,
+        result,
+        per_change.then_some(schema_changes),
+    )
 }
 
 /// Checks what can be checked on the tokens; returns the argument and the
@@ -375,7 +396,15 @@ fn is_result(ty: &Type) -> bool {
     }
 }
 
-fn generate(kind: &Kind, function: &ItemFn, argument: &Type, result: &Type) -> TokenStream2 {
+/// `schema_changes`: for a per-change attribute, whether the function sees
+/// `schema` changes (`None` for the others).
+fn generate(
+    kind: &Kind,
+    function: &ItemFn,
+    argument: &Type,
+    result: &Type,
+    schema_changes: Option<bool>,
+) -> TokenStream2 {
     let ident = &function.sig.ident;
     let private = quote!(::datum_guest::__private);
     let argument_trait = syn::Ident::new(kind.argument_trait, Span::call_site());
@@ -405,9 +434,10 @@ fn generate(kind: &Kind, function: &ItemFn, argument: &Type, result: &Type) -> T
             unsafe { #private::init_entry(ptr, len, |input| #private::#driver(input, #ident)) }
         }
     } else {
+        let extra = schema_changes.map(|see| quote!(, #see));
         quote! {
             // SAFETY: the host calls the export as docs/abi.md says.
-            unsafe { #private::transform_entry(ptr, len, |input| #private::#driver(input, #ident)) }
+            unsafe { #private::transform_entry(ptr, len, |input| #private::#driver(input, #ident #extra)) }
         }
     };
 

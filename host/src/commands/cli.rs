@@ -70,6 +70,10 @@ pub enum Command {
         /// Tables the pipeline needs, `schema.table` or `table` (in public).
         #[arg(long, value_delimiter = ',', num_args = 1..)]
         tables: Vec<String>,
+        /// The pipeline captures DDL (source.capture_ddl): fail if this role
+        /// cannot install the event trigger.
+        #[arg(long)]
+        capture_ddl: bool,
     },
     /// Run a transform module on golden fixtures: each NAME.input.json
     /// batch in FIXTURES, compared with NAME.expected.json. Prints a diff per

@@ -113,12 +113,14 @@ pub fn dispatch(command: cli::Command) -> Result<Outcome, CommandError> {
             publication,
             slot,
             tables,
+            capture_ddl,
         } => check::command(
             &url,
             &crate::source::check::Target {
                 publication,
                 slot,
                 tables,
+                capture_ddl,
             },
         ),
         cli::Command::Test {

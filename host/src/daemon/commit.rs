@@ -9,6 +9,7 @@ use crate::retry::Backoff;
 
 use super::feedback::Feedback;
 use super::snapshot::Snapshots;
+use crate::source::shapes::Shapes;
 
 /// How checkpoints are committed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,6 +29,16 @@ impl Default for CommitPolicy {
     }
 }
 
+/// What a checkpoint carries besides the position, consistent with it:
+/// snapshot progress (`daemon/snapshot.rs`) and the table shapes the stream
+/// described (`source/shapes.rs`).
+pub(crate) struct Consistent {
+    /// Per-table snapshot progress.
+    pub(crate) snapshots: Arc<Snapshots>,
+    /// Table shapes.
+    pub(crate) shapes: Arc<Shapes>,
+}
+
 /// Commits `pipeline`'s acknowledged watermark until `shutdown`, then commits
 /// what is left. Only after a commit returns does the feedback coordinator
 /// learn the position as flushed, and PostgreSQL with it.
@@ -40,11 +51,12 @@ pub(crate) async fn commit_loop(
     store: Arc<Store>,
     pipeline: String,
     feedback: Arc<Feedback>,
-    snapshots: Arc<Snapshots>,
+    consistent: Consistent,
     policy: CommitPolicy,
     failed: impl Fn(&CheckpointError),
     shutdown: impl std::future::Future<Output = ()>,
 ) {
+    let Consistent { snapshots, shapes } = consistent;
     let mut shutdown = std::pin::pin!(shutdown);
     let mut targets = feedback.target();
     // Whatever was acknowledged before this loop subscribed counts too.
@@ -74,13 +86,17 @@ pub(crate) async fn commit_loop(
             // Snapshot progress consistent with this position goes in the
             // same commit (`daemon/snapshot.rs`).
             let progress = snapshots.progress_upto(target.end_lsn);
+            // So do the table shapes the stream described up to it
+            // (`source/shapes.rs`).
+            let described = shapes.upto(target.end_lsn);
             let result = tokio::task::spawn_blocking(move || {
-                store.commit_offset_with(&name, target, &progress)
+                store.commit_checkpoint(&name, target, &progress, &described)
             })
             .await;
             match result {
                 Ok(Ok(())) => {
                     snapshots.committed(target.end_lsn);
+                    shapes.committed(target.end_lsn);
                     feedback.persisted(target.end_lsn);
                     backoff.reset();
                     break;
@@ -134,7 +150,10 @@ mod tests {
             store.clone(),
             "p".into(),
             feedback.clone(),
-            Snapshots::new("p"),
+            Consistent {
+                snapshots: Snapshots::new("p"),
+                shapes: Shapes::new(Vec::new()),
+            },
             policy,
             |_| {},
             async move {

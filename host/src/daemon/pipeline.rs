@@ -43,6 +43,7 @@ use crate::daemon::snapshot::{self, SnapshotPolicy, Snapshots};
 use crate::event::Batch;
 use crate::retry::Backoff;
 use crate::sink::{Sink, SinkError};
+use crate::source::shapes::Shapes;
 use crate::source::stream::SourceStats;
 use crate::source::{self, SourceConfig, SourceError};
 use crate::transform::chain::ChainError;
@@ -453,6 +454,10 @@ impl Stages {
         let name = &config.name;
         let feedback = Feedback::new(offset);
         let snapshots = Snapshots::new(name);
+        let shapes = Shapes::new(store.relation_shapes(name).unwrap_or_else(|err| {
+            tracing::warn!(pipeline = %name, error = %err, "cannot read the table shapes kept in the state file; schema changes are compared from the next Relation messages");
+            Vec::new()
+        }));
         let (stop_source, source_stopped) = watch::channel(false);
         let (stop_commits, commits_stopped) = watch::channel(false);
         let (settle_source, source_settled) = watch::channel(false);
@@ -461,7 +466,10 @@ impl Stages {
             store.clone(),
             name.clone(),
             feedback.clone(),
-            snapshots.clone(),
+            commit::Consistent {
+                snapshots: snapshots.clone(),
+                shapes: shapes.clone(),
+            },
             config.commit,
             move |err| failures.record_error(format!("checkpoint: {err}")),
             stopped(commits_stopped),
@@ -479,7 +487,10 @@ impl Stages {
             name,
             source::stream::run(
                 config.source.clone(),
-                offset.end_lsn,
+                source::stream::Resume {
+                    after: offset.end_lsn,
+                    shapes: shapes.clone(),
+                },
                 source_tx,
                 feedback.clone(),
                 config.source_stats.clone(),

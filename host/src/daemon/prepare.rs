@@ -109,6 +109,7 @@ async fn prepare_pipeline(
     source.publish_via_partition_root = spec.source.publish_via_partition_root;
     source.terminate_stale_holder = spec.source.terminate_stale_holder;
     source.recreate_slot = spec.source.recreate_slot;
+    source.capture_ddl = spec.source.capture_ddl;
     source.limits = spec.batch.limits();
 
     let mut modules = Vec::new();

@@ -369,6 +369,9 @@ impl Snapshots {
                         }
                     }
                 }
+                // Chunks of the table read with its old columns are read
+                // again, so that no row of the old shape follows the event.
+                Change::Schema { relation, .. } => lose_table(&mut inner, relation.oid),
                 Change::Snapshot { .. } | Change::Message { .. } => {}
             }
             out.push(change);

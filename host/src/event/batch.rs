@@ -105,6 +105,94 @@ impl Column {
     }
 }
 
+impl Column {
+    /// The type as DDL writes it, with its modifier: `varchar(10)`,
+    /// `numeric(12,2)`, `timestamptz(3)`, `bpchar(4)[]`; the bare type name
+    /// when there is no modifier or it is not one of the built-in types
+    /// whose modifier has a known form.
+    pub fn sql_type(&self) -> String {
+        sql_type(&self.type_name, self.type_modifier)
+    }
+
+    /// Whether two columns hold the same thing: name, type and key flag.
+    fn same_as(&self, other: &Column) -> bool {
+        self.name == other.name
+            && self.type_oid == other.type_oid
+            && self.type_name == other.type_name
+            && self.type_modifier == other.type_modifier
+            && self.key == other.key
+    }
+}
+
+/// `type_name` with the modifier `typmod` (`atttypmod`) in DDL's form.
+pub(crate) fn sql_type(type_name: &str, typmod: i32) -> String {
+    if typmod < 0 {
+        return type_name.to_owned();
+    }
+    let (base, array) = match type_name.strip_suffix("[]") {
+        Some(base) => (base, "[]"),
+        None => (type_name, ""),
+    };
+    let modifier = match base {
+        "varchar" | "bpchar" if typmod >= 4 => format!("({})", typmod - 4),
+        "numeric" if typmod >= 4 => {
+            let t = typmod - 4;
+            let precision = (t >> 16) & 0xffff;
+            // Since PostgreSQL 15 the scale may be negative: 11 bits, signed.
+            let scale = ((t & 0x7ff) ^ 1024) - 1024;
+            format!("({precision},{scale})")
+        }
+        "timestamp" | "timestamptz" | "time" | "timetz" | "bit" | "varbit" => {
+            format!("({typmod})")
+        }
+        // The range of fields (`YEAR TO MONTH`) is left out: only the
+        // precision, when one was given.
+        "interval" if typmod & 0xffff != 0xffff => format!("({})", typmod & 0xffff),
+        _ => return type_name.to_owned(),
+    };
+    format!("{base}{modifier}{array}")
+}
+
+impl Relation {
+    /// Whether `other` describes the same shape: names, replica identity and
+    /// columns (names, types, modifiers, key flags). A Relation message sent
+    /// again with nothing changed is the same shape.
+    pub fn same_shape(&self, other: &Relation) -> bool {
+        self.schema == other.schema
+            && self.table == other.table
+            && self.replica_identity == other.replica_identity
+            && self.columns.len() == other.columns.len()
+            && self
+                .columns
+                .iter()
+                .zip(&other.columns)
+                .all(|(a, b)| a.same_as(b))
+    }
+}
+
+impl ReplicaIdentity {
+    /// Its name: `default`, `nothing`, `full` or `index`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReplicaIdentity::Default => "default",
+            ReplicaIdentity::Nothing => "nothing",
+            ReplicaIdentity::Full => "full",
+            ReplicaIdentity::Index => "index",
+        }
+    }
+
+    /// The identity a name gives (as [`ReplicaIdentity::name`] writes it).
+    pub fn from_name(name: &str) -> Option<ReplicaIdentity> {
+        Some(match name {
+            "default" => ReplicaIdentity::Default,
+            "nothing" => ReplicaIdentity::Nothing,
+            "full" => ReplicaIdentity::Full,
+            "index" => ReplicaIdentity::Index,
+            _ => return None,
+        })
+    }
+}
+
 /// The old values of an updated or deleted row.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OldRow {
@@ -159,6 +247,18 @@ pub enum Change {
         cascade: bool,
         /// `TRUNCATE ... RESTART IDENTITY`.
         restart_identity: bool,
+    },
+    /// A table's shape changed: columns added, dropped, renamed or
+    /// retyped, its replica identity or its name changed. It comes before
+    /// the first change of the new shape (`docs/abi.md`).
+    Schema {
+        /// The new shape.
+        relation: Arc<Relation>,
+        /// The shape before.
+        before: Arc<Relation>,
+        /// The DDL statements that caused it, oldest first, when the source
+        /// captures them (`source.capture_ddl`).
+        ddl: Vec<String>,
     },
     /// A `pg_logical_emit_message` payload.
     Message {

@@ -358,6 +358,12 @@ impl Serialize for ChangeJson<'_> {
             ColumnsForm::KeyOnly | ColumnsForm::KeyAndFull => !c.columns.is_empty(),
             ColumnsForm::Auto | ColumnsForm::Full => !write_columns && !c.columns.is_empty(),
         };
+        // A schema change's columns are its new shape's, written there.
+        let (write_key, write_columns) = if c.schema_change.is_some() {
+            (false, false)
+        } else {
+            (write_key, write_columns)
+        };
         if write_key {
             map.serialize_entry("key", &key)?;
         }
@@ -375,6 +381,9 @@ impl Serialize for ChangeJson<'_> {
         }
         if let Some(truncate) = &c.truncate {
             map.serialize_entry("truncate", truncate)?;
+        }
+        if let Some(schema_change) = &c.schema_change {
+            map.serialize_entry("schema_change", schema_change)?;
         }
         if let Some(message) = &c.message {
             #[derive(Serialize)]

@@ -5,7 +5,7 @@
 use std::fmt;
 
 use datum_guest::wire::{
-    Batch, Change, Column, LogicalMessage, Op, Row, Timestamp, Truncate, Txn, Value,
+    Batch, Change, Column, LogicalMessage, Op, Row, SchemaChange, Timestamp, Truncate, Txn, Value,
 };
 use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
@@ -100,6 +100,7 @@ struct ChangeDoc {
     route: Option<String>,
     truncate: Option<Truncate>,
     message: Option<MessageDoc>,
+    schema_change: Option<SchemaChange>,
 }
 
 impl ChangeDoc {
@@ -136,6 +137,10 @@ impl ChangeDoc {
             }
             Op::Truncate => needs("truncate", self.truncate.is_some())?,
             Op::Message => needs("message", self.message.is_some())?,
+            Op::Schema => needs("schema_change", self.schema_change.is_some())?,
+        }
+        if !matches!(self.op, Op::Schema) {
+            no("schema_change", self.schema_change.is_some())?;
         }
         if !matches!(self.op, Op::Truncate) {
             no("truncate", self.truncate.is_some())?;
@@ -143,7 +148,7 @@ impl ChangeDoc {
         if !matches!(self.op, Op::Message) {
             no("message", self.message.is_some())?;
         }
-        if matches!(self.op, Op::Truncate | Op::Message) {
+        if matches!(self.op, Op::Truncate | Op::Message | Op::Schema) {
             no("new", new.is_some())?;
             no("old", old.is_some())?;
         }
@@ -171,6 +176,21 @@ impl ChangeDoc {
                 }
                 columns
             }
+            (None, None) if self.op == Op::Schema => self
+                .schema_change
+                .as_ref()
+                .map(|s| {
+                    s.after
+                        .columns
+                        .iter()
+                        .map(|c| Column {
+                            name: c.name.clone(),
+                            type_name: c.type_name.clone(),
+                            key: c.key,
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
             (None, key) => {
                 let key = key.unwrap_or_default();
                 let columns = infer_columns(new.as_ref(), old.as_ref(), &key);
@@ -221,6 +241,7 @@ impl ChangeDoc {
                 route: self.route,
                 truncate: self.truncate,
                 message,
+                schema_change: self.schema_change,
             },
             columns_given,
         })

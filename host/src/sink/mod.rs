@@ -217,6 +217,7 @@ pub(crate) async fn open(spec: &SinkSpec, pipeline: &str) -> Result<AnySink, Str
             url,
             schema,
             tables,
+            schema_changes,
         } => AnySink::Postgres(Box::new(
             PostgresSink::connect(
                 &url.0,
@@ -227,7 +228,8 @@ pub(crate) async fn open(spec: &SinkSpec, pipeline: &str) -> Result<AnySink, Str
                     .collect(),
             )
             .await
-            .map_err(|e| e.to_string())?,
+            .map_err(|e| e.to_string())?
+            .with_schema_changes(*schema_changes),
         )),
         SinkSpec::Nats(nats) => {
             let settings = NatsSettings::from_spec(nats)?;

@@ -693,7 +693,8 @@ fn op_name(change: ChangeRef<'_>) -> &'static str {
         ChangeRef::Source(Source::Update { .. }) => Op::Update,
         ChangeRef::Source(Source::Delete { .. }) => Op::Delete,
         ChangeRef::Source(Source::Truncate { .. }) => Op::Truncate,
-        ChangeRef::Source(_) => Op::Message,
+        ChangeRef::Source(Source::Schema { .. }) => Op::Schema,
+        ChangeRef::Source(Source::Message { .. }) => Op::Message,
     };
     match op {
         Op::Insert => "insert",
@@ -702,6 +703,7 @@ fn op_name(change: ChangeRef<'_>) -> &'static str {
         Op::Truncate => "truncate",
         Op::Snapshot => "snapshot",
         Op::Message => "message",
+        Op::Schema => "schema",
     }
 }
 

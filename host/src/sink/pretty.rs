@@ -152,6 +152,7 @@ fn change_line(out: &mut String, change: &WireChange, width: usize, style: Style
         Op::Truncate => ("truncate", "35"),
         Op::Snapshot => ("snapshot", "34"),
         Op::Message => ("message", "35"),
+        Op::Schema => ("schema", "36"),
     };
     style.paint(out, code, &format!("{op:<8}"));
     out.push(' ');
@@ -173,6 +174,18 @@ fn change_line(out: &mut String, change: &WireChange, width: usize, style: Style
                     cut(&message.prefix),
                     message.content.len()
                 );
+            }
+        }
+        Op::Schema => {
+            let _ = write!(out, "{:<width$}", table_name(change));
+            if let Some(schema_change) = &change.schema_change {
+                out.push_str("  ");
+                let summary: String = schema_change
+                    .summary()
+                    .chars()
+                    .map(|c| if c.is_control() { ' ' } else { c })
+                    .collect();
+                out.push_str(&summary);
             }
         }
         _ => {

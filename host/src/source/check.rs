@@ -114,6 +114,9 @@ pub struct Target {
     pub slot: Option<String>,
     /// Tables (`schema.table` or `table` for `public`) the pipeline needs.
     pub tables: Vec<String>,
+    /// The pipeline captures DDL (`source.capture_ddl`): a role that cannot
+    /// install its event trigger fails the check.
+    pub capture_ddl: bool,
 }
 
 /// A table's identity in the catalog.
@@ -236,6 +239,7 @@ pub(crate) async fn run_with_slot(
         let configured = !target.tables.is_empty();
         check_publication(client, publication, &tables, configured, &mut report).await?;
     }
+    check_ddl_capture(client, target.capture_ddl, &mut report).await?;
     if let Some(slot) = &target.slot {
         let database: String = client
             .query_one("SELECT current_database()::text", &[])
@@ -547,6 +551,42 @@ async fn check_can_create_publication(
 }
 
 /// `schema.table` (or `table` in `public`) quoted for SQL.
+/// Whether DDL is captured (`source.capture_ddl`), or could be.
+async fn check_ddl_capture(
+    client: &Client,
+    wanted: bool,
+    report: &mut Report,
+) -> Result<(), SourceError> {
+    use super::ddl::Capture;
+    let requirement = "DDL capture";
+    match super::ddl::state(client).await? {
+        Capture::Installed => report.pass(
+            requirement,
+            "the event trigger datum_capture_ddl is installed: DDL travels in the stream".into(),
+        ),
+        Capture::Installable => report.pass(
+            requirement,
+            if wanted {
+                "this role will install the event trigger datum_capture_ddl".into()
+            } else {
+                "off; can be enabled (source.capture_ddl = true installs an event trigger)".into()
+            },
+        ),
+        Capture::NeedsSuperuser if wanted => report.fail(
+            requirement,
+            "source.capture_ddl needs an event trigger, and only a superuser can create one"
+                .into(),
+            super::ddl::superuser_fix(),
+        ),
+        Capture::NeedsSuperuser => report.pass(
+            requirement,
+            "off; to enable it (source.capture_ddl), a superuser installs its event trigger once              (docs/schema.md)"
+                .into(),
+        ),
+    }
+    Ok(())
+}
+
 pub(crate) fn quoted_table(qualified: &str) -> String {
     let (schema, table) = split_table(qualified);
     format!("{}.{}", quote_ident(&schema), quote_ident(&table))

@@ -5,7 +5,8 @@
 //! the replication connection (`replication`), the requirement checks
 //! ([`check`]), preparing the publication and slot ([`prepare`]), decoding
 //! ([`pgoutput`]; values become typed in `crate::event::values`),
-//! assembling batches (`assembler`) and the streaming loop with keepalives
+//! assembling batches (`assembler`), the table shapes downstream was told
+//! of (`shapes`), and the streaming loop with keepalives
 //! and reconnection ([`stream`]). Connection strings and TLS are
 //! [`crate::pg`]'s.
 //!
@@ -24,8 +25,10 @@
 pub(crate) mod assembler;
 pub(crate) mod catalog;
 pub(crate) mod check;
+pub(crate) mod ddl;
 pub(crate) mod pgoutput;
 pub(crate) mod replication;
+pub(crate) mod shapes;
 pub(crate) mod snapshot;
 pub(crate) mod stream;
 
@@ -233,6 +236,9 @@ pub struct SourceConfig {
     /// (several hosts with one pipeline, `leader_lock`): stream from it
     /// instead of refusing.
     pub follow_slot: bool,
+    /// Capture DDL statements into the stream with an event trigger
+    /// (installed when missing; `source/ddl.rs`).
+    pub capture_ddl: bool,
 }
 
 impl SourceConfig {
@@ -247,6 +253,7 @@ impl SourceConfig {
             terminate_stale_holder: false,
             recreate_slot: false,
             follow_slot: false,
+            capture_ddl: false,
             limits: BatchLimits::default(),
             status_interval: None,
             reconnect_initial: Duration::from_millis(250),
@@ -299,6 +306,7 @@ pub async fn prepare(
         publication: Some(config.publication.clone()),
         slot: Some(config.slot.clone()),
         tables: config.tables.clone(),
+        capture_ddl: config.capture_ddl,
     };
     // A slot about to be recreated is checked as the new one it will be.
     let checked = match &plan {
@@ -309,6 +317,10 @@ pub async fn prepare(
         .await?
         .into_result()?;
     let created_publication = ensure_publication(&client, config).await?;
+    // Before a new slot exists, so that no DDL after its start is missed.
+    if config.capture_ddl {
+        ddl::ensure(&client).await?;
+    }
     let resync_needed = matches!(plan, SlotPlan::Recreate(_))
         || (matches!(plan, SlotPlan::Create) && checkpoint.is_some_and(|c| c != Lsn::ZERO));
     let (confirmed_flush, created_slot) = match plan {
@@ -476,6 +488,7 @@ async fn ensure_publication(client: &Client, config: &SourceConfig) -> Result<bo
                 publication: Some(config.publication.clone()),
                 slot: None,
                 tables: config.tables.clone(),
+                capture_ddl: false,
             };
             check::run(client, &target).await?.into_result()?;
         }

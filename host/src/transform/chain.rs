@@ -9,7 +9,7 @@ use datum_guest::Txn;
 use super::TransformError;
 use super::encode::{ChangeRef, Item, decode_output, encode_input};
 use super::module::{CallMeta, Instance, Module};
-use crate::event::Batch;
+use crate::event::{Batch, Change};
 
 /// A batch after the chain: the source batch, and what the modules made of
 /// it, in order.
@@ -140,12 +140,155 @@ impl Chain {
                 sha256: module.sha256().to_owned(),
                 error,
             };
-            let input = encode_input(&source.txn, items.iter().map(|item| resolve(item, source)))
-                .map_err(&fail)?;
-            let (output, stats) = instance.call(&input, meta).map_err(&fail)?;
-            *fuel = stats.fuel;
-            items = decode_output(&output, &items, source).map_err(&fail)?;
+            if !module.sees_schema_changes() && items.iter().any(|i| is_schema(i, source)) {
+                items = call_around_schema_changes(instance, meta, source, &items, fuel)
+                    .map_err(&fail)?;
+                continue;
+            }
+            let (output, used) = call(instance, meta, source, &items).map_err(&fail)?;
+            *fuel = used;
+            items = output;
         }
         Ok(items)
+    }
+}
+
+/// One call of `instance` on `items`.
+fn call(
+    instance: &mut Instance,
+    meta: CallMeta,
+    source: &Batch,
+    items: &[Item],
+) -> Result<(Vec<Item>, Option<u64>), TransformError> {
+    let input = encode_input(&source.txn, items.iter().map(|item| resolve(item, source)))?;
+    let (output, stats) = instance.call(&input, meta)?;
+    Ok((decode_output(&output, items, source)?, stats.fuel))
+}
+
+fn is_schema(item: &Item, source: &Batch) -> bool {
+    match item {
+        Item::Source(i) => matches!(source.changes.get(*i), Some(Change::Schema { .. })),
+        Item::Wire(change) => change.op == datum_guest::Op::Schema,
+    }
+}
+
+/// For a module that does not understand `schema` changes: the changes
+/// between them go through it in separate calls (with the same `txn`), and
+/// each schema change keeps its place between their outputs, so it still
+/// comes before the first row of the new shape.
+fn call_around_schema_changes(
+    instance: &mut Instance,
+    meta: CallMeta,
+    source: &Batch,
+    items: &[Item],
+    fuel: &mut Option<u64>,
+) -> Result<Vec<Item>, TransformError> {
+    let mut out = Vec::with_capacity(items.len());
+    let mut used: Option<u64> = None;
+    for run in items.split_inclusive(|item| is_schema(item, source)) {
+        let (rows, schema) = match run.split_last() {
+            Some((last, rows)) if is_schema(last, source) => (rows, Some(last)),
+            _ => (run, None),
+        };
+        if !rows.is_empty() {
+            let (output, fuel) = call(instance, meta, source, rows)?;
+            out.extend(output);
+            if let Some(fuel) = fuel {
+                used = Some(used.unwrap_or(0) + fuel);
+            }
+        }
+        out.extend(schema.cloned());
+    }
+    *fuel = used;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use datum_guest::{Txn, Value};
+
+    use super::*;
+    use crate::event::{Column, Relation, ReplicaIdentity};
+    use crate::transform::Limits;
+    use crate::transform::engine::{Engine, EngineOptions};
+
+    /// A module that answers every call with "keep change 0"; `MARKER` is
+    /// replaced by its `datum_schema_changes` export, or by nothing.
+    const KEEP_FIRST: &str = r#"(module
+  (memory (export "memory") 1)
+  (data (i32.const 1024) "\81\a7changes\91\00")
+  (func (export "datum_abi_v1"))
+  MARKER
+  (func (export "datum_alloc") (param i32) (result i32) (i32.const 4096))
+  (func (export "datum_dealloc") (param i32 i32))
+  (func (export "datum_transform") (param i32 i32) (result i64)
+    (i64.const 4398046511115)))"#;
+
+    fn keep_first(marker: bool) -> Module {
+        let engine = Engine::new(EngineOptions::default()).expect("engine");
+        let wat = KEEP_FIRST.replace(
+            "MARKER",
+            if marker {
+                r#"(func (export "datum_schema_changes"))"#
+            } else {
+                ""
+            },
+        );
+        Module::new(
+            &engine,
+            "keep_first",
+            wat.as_bytes(),
+            Limits::default(),
+            vec![],
+        )
+        .expect("loads")
+    }
+
+    fn relation(columns: &[&str]) -> Arc<Relation> {
+        Arc::new(Relation {
+            oid: 1,
+            schema: "public".into(),
+            table: "t".into(),
+            replica_identity: ReplicaIdentity::Default,
+            columns: columns
+                .iter()
+                .map(|c| Column::new(c, "int4", *c == "id"))
+                .collect(),
+        })
+    }
+
+    #[test]
+    fn a_module_without_the_schema_marker_is_called_around_schema_changes() {
+        let (old, new) = (relation(&["id"]), relation(&["id", "note"]));
+        let batch = Batch {
+            txn: Txn::committed(7, 100),
+            changes: vec![
+                Change::Insert {
+                    relation: old.clone(),
+                    new: vec![Value::Int(1)],
+                },
+                Change::Schema {
+                    relation: new.clone(),
+                    before: old,
+                    ddl: Vec::new(),
+                },
+                Change::Insert {
+                    relation: new,
+                    new: vec![Value::Int(2), Value::Null],
+                },
+            ],
+            bytes: 0,
+        };
+        // Without the marker: [row 0], the schema change, [row 2]; each run
+        // answers "keep the first", so everything stays, in order.
+        let mut legacy = Chain::new(&[keep_first(false)]);
+        let items = legacy.run_ref(&batch).expect("runs");
+        assert_eq!(items, [Item::Source(0), Item::Source(1), Item::Source(2)]);
+        // With it, the module sees all three and keeps the first.
+        let mut aware = Chain::new(&[keep_first(true)]);
+        assert!(aware.modules().all(Module::sees_schema_changes));
+        assert_eq!(aware.run_ref(&batch).expect("runs"), [Item::Source(0)]);
     }
 }

@@ -222,6 +222,7 @@ fn check_change(change: &WireChange) -> Result<(), String> {
         Op::Delete => ("old", change.old.is_some()),
         Op::Truncate => ("truncate", change.truncate.is_some()),
         Op::Message => ("message", change.message.is_some()),
+        Op::Schema => ("schema_change", change.schema_change.is_some()),
     };
     if present {
         Ok(())
@@ -392,6 +393,19 @@ pub fn to_wire(change: &Change) -> WireChange {
             });
             c
         }
+        Change::Schema {
+            relation,
+            before,
+            ddl,
+        } => {
+            let mut c = row_change(Op::Schema, relation);
+            c.schema_change = Some(wire::SchemaChange {
+                before: shape(before),
+                after: shape(relation),
+                ddl: ddl.clone(),
+            });
+            c
+        }
         Change::Message {
             transactional,
             prefix,
@@ -406,6 +420,25 @@ pub fn to_wire(change: &Change) -> WireChange {
             });
             c
         }
+    }
+}
+
+/// A relation's shape as a `schema` change describes it.
+pub(crate) fn shape(relation: &Relation) -> wire::TableShape {
+    wire::TableShape {
+        schema: relation.schema.clone(),
+        table: relation.table.clone(),
+        columns: relation
+            .columns
+            .iter()
+            .map(|c| wire::ShapeColumn {
+                name: c.name.clone(),
+                type_name: c.type_name.clone(),
+                sql_type: c.sql_type(),
+                key: c.key,
+            })
+            .collect(),
+        replica_identity: relation.replica_identity.name().to_owned(),
     }
 }
 
@@ -475,7 +508,7 @@ impl Serialize for HostChange<'_> {
             | Change::Snapshot { .. }
             | Change::Update { .. }
             | Change::Delete { .. } => 5,
-            Change::Truncate { .. } | Change::Message { .. } => {
+            Change::Truncate { .. } | Change::Message { .. } | Change::Schema { .. } => {
                 // Rare: not worth a borrowed form.
                 return to_wire(self.0).serialize(serializer);
             }
@@ -524,7 +557,7 @@ impl Serialize for HostChange<'_> {
                 map.serialize_entry("columns", &Columns(&relation.columns))?;
                 map.serialize_entry("old", &old_ref(relation, old))?;
             }
-            Change::Truncate { .. } | Change::Message { .. } => {}
+            Change::Truncate { .. } | Change::Message { .. } | Change::Schema { .. } => {}
         }
         map.end()
     }

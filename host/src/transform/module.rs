@@ -54,6 +54,8 @@ struct ModuleInner {
     has_init: bool,
     has_panic_message: bool,
     has_initialize: bool,
+    /// Exports `datum_schema_changes`: it is sent `schema` changes.
+    schema_changes: bool,
 }
 
 impl std::fmt::Debug for Module {
@@ -159,6 +161,7 @@ impl Module {
                 has_init: exports.init,
                 has_panic_message: exports.panic_message,
                 has_initialize: exports.initialize,
+                schema_changes: exports.schema_changes,
             }),
         })
     }
@@ -178,6 +181,7 @@ impl Module {
                 has_init: inner.has_init,
                 has_panic_message: inner.has_panic_message,
                 has_initialize: inner.has_initialize,
+                schema_changes: inner.schema_changes,
             }),
         }
     }
@@ -190,6 +194,13 @@ impl Module {
     /// The SHA-256 of the module's bytes, in hex.
     pub fn sha256(&self) -> &str {
         &self.inner.sha256
+    }
+
+    /// Whether the module understands `schema` changes (it exports
+    /// `datum_schema_changes`); one that does not never receives them
+    /// (`docs/abi.md`).
+    pub fn sees_schema_changes(&self) -> bool {
+        self.inner.schema_changes
     }
 
     /// The module's limits.
@@ -328,6 +339,7 @@ struct Exports {
     init: bool,
     panic_message: bool,
     initialize: bool,
+    schema_changes: bool,
 }
 
 fn check_exports(module: &wasmtime::Module) -> Result<Exports, TransformError> {
@@ -338,10 +350,11 @@ fn check_exports(module: &wasmtime::Module) -> Result<Exports, TransformError> {
         ("datum_dealloc", &[I32, I32], &[]),
         ("datum_transform", &[I32, I32], &[I64]),
     ];
-    let optional: [(&str, &[ValType], &[ValType]); 3] = [
+    let optional: [(&str, &[ValType], &[ValType]); 4] = [
         ("datum_init", &[I32, I32], &[I64]),
         ("datum_panic_message", &[], &[I64]),
         ("_initialize", &[], &[]),
+        ("datum_schema_changes", &[], &[]),
     ];
     let mut found = Exports::default();
     let mut has_memory = false;
@@ -398,6 +411,7 @@ fn check_exports(module: &wasmtime::Module) -> Result<Exports, TransformError> {
             match name {
                 "datum_init" => found.init = true,
                 "datum_panic_message" => found.panic_message = true,
+                "datum_schema_changes" => found.schema_changes = true,
                 _ => found.initialize = true,
             }
         }

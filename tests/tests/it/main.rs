@@ -15,6 +15,7 @@ mod packaging;
 mod record;
 mod run;
 mod scaffold;
+mod schema;
 mod sink_http;
 mod sink_postgres;
 mod snapshot;

@@ -71,7 +71,7 @@ async fn records_what_a_pipeline_receives_without_touching_the_slot() {
         1,
     )
     .await;
-    // One transaction per statement: four batches.
+    // One transaction per statement: five batches.
     for statement in [
         "INSERT INTO customer VALUES (1, 'ada@example.com', '1815-12-10', 12.50, \
            '{a,b}', '{\"k\": [1, 2]}', '\\xdeadbeef', \
@@ -80,12 +80,15 @@ async fn records_what_a_pipeline_receives_without_touching_the_slot() {
          INSERT INTO note VALUES (1, 'hello'); COMMIT",
         "DELETE FROM note WHERE id = 1",
         "TRUNCATE note",
+        // A new shape: its schema change is recorded before the row.
+        "BEGIN; ALTER TABLE note ADD COLUMN extra varchar(12); \
+         INSERT INTO note VALUES (2, 'two', 'more'); COMMIT",
     ] {
         client.batch_execute(statement).await.expect(statement);
     }
     // What the pipeline receives, in the event model's shape.
     let mut streamed = Vec::new();
-    while streamed.len() < 4 {
+    while streamed.len() < 5 {
         let batch = pipeline.next(20).await;
         streamed.push(wire::Batch {
             txn: batch.txn,
@@ -114,7 +117,7 @@ async fn records_what_a_pipeline_receives_without_touching_the_slot() {
         "warns about real data: {}",
         text(&run)
     );
-    let files: Vec<PathBuf> = (1..=4)
+    let files: Vec<PathBuf> = (1..=5)
         .map(|i| out.join(format!("recorded-{i:03}.input.json")))
         .collect();
     let recorded: Vec<wire::Batch> = files.iter().map(|f| read_fixture(f)).collect();
@@ -133,6 +136,11 @@ async fn records_what_a_pipeline_receives_without_touching_the_slot() {
     ] {
         assert!(first.contains(typed), "{typed} in {first}");
     }
+    let last = std::fs::read_to_string(&files[4]).expect("last fixture");
+    assert!(
+        last.contains(r#""op": "schema""#) && last.contains(r#""sql_type": "varchar(12)""#),
+        "{last}"
+    );
     let (position_after, still_active) = slot_position(&client).await;
     assert_eq!(position_after, position_before, "the slot did not move");
     assert!(still_active, "the pipeline still holds the slot");
@@ -157,7 +165,7 @@ async fn records_what_a_pipeline_receives_without_touching_the_slot() {
         .expect("datum test");
     assert!(bless.status.success(), "{}", text(&bless));
     assert!(
-        text(&bless).contains("4 passed, 0 failed"),
+        text(&bless).contains("5 passed, 0 failed"),
         "{}",
         text(&bless)
     );

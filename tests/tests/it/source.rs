@@ -322,15 +322,19 @@ async fn schema_changes_apply_to_the_changes_that_follow() {
     )
     .await;
     let mut lines = Vec::new();
-    while lines.len() < 4 {
+    while lines.len() < 7 {
         lines.extend(render(&source.next(10).await));
     }
+    // Each new shape is announced before its first row.
     assert_eq!(
         lines,
         [
             "I public.s id=1 a='x'",
+            "A public.s id:int4,a:text -> id:int4,a:text,b:int4",
             "I public.s id=2 a='y' b=8",
+            "A public.s id:int4,a:text,b:int4 -> id:int4,b:int4",
             "I public.s id=3 b=9",
+            "A public.s id:int4,b:int4 -> id:int4,b:text",
             "I public.s id=4 b='ten'",
         ]
     );
@@ -635,6 +639,7 @@ async fn check_reports_each_requirement_with_what_to_do() {
         publication: Some("pub".into()),
         slot: Some("slot".into()),
         tables: vec!["keyed".into(), "keyless".into(), "missing".into()],
+        ..Default::default()
     };
     let report = datum::check_source(&pg.conninfo("postgres"), &target)
         .await
@@ -704,12 +709,48 @@ async fn check_tests_what_run_needs_to_create_the_publication_and_copy_rows() {
         publication: Some("pub".into()),
         slot: Some("slot".into()),
         tables: vec!["orders".into(), "customers".into()],
+        ..Default::default()
     };
     let report = datum::check_source(&as_shipper, &target)
         .await
         .expect("report");
     let text = report.to_string();
     assert!(report.failed(), "{text}");
+    assert!(
+        text.contains("[pass] DDL capture: off; to enable it (source.capture_ddl), a superuser"),
+        "{text}"
+    );
+    // DDL capture asked for: only a superuser can install its trigger, and
+    // the check says what to run.
+    let ddl = datum::check_source(
+        &as_shipper,
+        &datum::CheckTarget {
+            capture_ddl: true,
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("report")
+    .to_string();
+    assert!(
+        ddl.contains("[FAIL] DDL capture: source.capture_ddl needs an event trigger")
+            && ddl.contains("CREATE EVENT TRIGGER datum_capture_ddl ON ddl_command_end"),
+        "{ddl}"
+    );
+    let as_superuser = datum::check_source(
+        &pg.conninfo("postgres"),
+        &datum::CheckTarget {
+            capture_ddl: true,
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("report")
+    .to_string();
+    assert!(
+        as_superuser.contains("[pass] DDL capture: this role will install the event trigger"),
+        "{as_superuser}"
+    );
     for expected in [
         "[pass] table public.orders SELECT",
         "[warn] table public.customers SELECT: role `shipper` may not read it",

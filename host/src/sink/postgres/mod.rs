@@ -7,8 +7,11 @@
 //! (a module's `route`, else the `tables` mapping, else the `schema` override
 //! with the source's table name, else the same `schema.table`); and telling
 //! a passing failure (the connection, a serialization failure) from one that
-//! needs a person (a missing table, a constraint). It does not create or
-//! alter target tables, and it does not retry: the pipeline does.
+//! needs a person (a missing table, a constraint); and what a `schema`
+//! change does to the target (`schema_changes`: by default a change the
+//! target does not reflect yet is an error naming the statement to run;
+//! `apply` adds columns and widens types in the batch's transaction). It
+//! does not create tables, and it does not retry: the pipeline does.
 //!
 //! Idempotence, so that replaying the un-checkpointed tail after a crash
 //! ends in the same state: an upsert writes the whole row whatever the
@@ -29,6 +32,8 @@
 //! transaction), so a batch of many rows costs the server's work, not a
 //! round trip per row.
 
+mod schema;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::error::Error as _;
 use std::fmt;
@@ -38,11 +43,13 @@ use tokio_postgres::types::{Format, IsNull, ToSql, Type, to_sql_checked};
 use tokio_postgres::{Client, Statement, Transaction};
 
 use super::{Sink, SinkError};
+use crate::config::SchemaChanges;
 use crate::event::json::JsonValue;
 use crate::pg::ConnInfo;
 use crate::pg::quote_ident;
 use crate::transform::Transformed;
 use crate::transform::encode::ChangeRef;
+use schema::TargetColumn;
 
 /// See the module documentation.
 pub struct PostgresSink {
@@ -51,6 +58,8 @@ pub struct PostgresSink {
     client: Option<Client>,
     /// Prepared statements of the live connection, by SQL text.
     statements: HashMap<String, Statement>,
+    /// What a `schema` change does.
+    schema_changes: SchemaChanges,
 }
 
 impl fmt::Debug for PostgresSink {
@@ -88,9 +97,16 @@ impl PostgresSink {
             routes: Routes { schema, tables },
             client: None,
             statements: HashMap::new(),
+            schema_changes: SchemaChanges::default(),
         };
         sink.reconnect().await?;
         Ok(sink)
+    }
+
+    /// Sets what a `schema` change does to the target (default: `fail`).
+    pub fn with_schema_changes(mut self, policy: SchemaChanges) -> PostgresSink {
+        self.schema_changes = policy;
+        self
     }
 
     async fn reconnect(&mut self) -> Result<(), SinkError> {
@@ -114,8 +130,16 @@ impl PostgresSink {
 
     async fn apply(&mut self, batch: &Transformed) -> Result<(), Failure> {
         let mut plan = Vec::new();
+        // What the target tables looked like, read once per batch and then
+        // kept as the planned DDL leaves them.
+        let mut targets: HashMap<Target, Option<Vec<TargetColumn>>> = HashMap::new();
         for change in batch.changes() {
-            plan_change(&self.routes, &change.to_wire(), &mut plan)?;
+            let change = change.to_wire();
+            if change.op == Op::Schema {
+                self.plan_schema(&change, &mut targets, &mut plan).await?;
+            } else {
+                plan_change(&self.routes, &change, &mut plan)?;
+            }
         }
         let plan = coalesce(plan);
         let client = self.client.as_mut().ok_or_else(|| Failure {
@@ -126,25 +150,31 @@ impl PostgresSink {
             .transaction()
             .await
             .map_err(|e| failure(e, "starting a transaction", None))?;
-        for planned in plan.iter().filter(|p| !p.simple) {
-            if !self.statements.contains_key(&planned.sql) {
-                let statement = tx
-                    .prepare(&planned.sql)
-                    .await
-                    .map_err(|e| failure(e, "preparing a statement", planned.target.as_ref()))?;
-                self.statements.insert(planned.sql.clone(), statement);
-            }
-        }
         let mut rest = plan.as_slice();
         while let Some(first) = rest.first() {
             if first.simple {
                 tx.batch_execute(&first.sql)
                     .await
-                    .map_err(|e| failure(e, "truncating", first.target.as_ref()))?;
+                    .map_err(|e| failure(e, first.doing(), first.target.as_ref()))?;
+                if first.ddl {
+                    // Statements prepared before know the old columns'
+                    // types: prepare again after a table changed.
+                    self.statements.clear();
+                }
                 rest = &rest[1..];
                 continue;
             }
             let run = rest.iter().take(PIPELINE).take_while(|p| !p.simple).count();
+            // Prepared here, not before the batch: a statement may name a
+            // column that DDL earlier in this transaction added.
+            for planned in &rest[..run] {
+                if !self.statements.contains_key(&planned.sql) {
+                    let statement = tx.prepare(&planned.sql).await.map_err(|e| {
+                        failure(e, "preparing a statement", planned.target.as_ref())
+                    })?;
+                    self.statements.insert(planned.sql.clone(), statement);
+                }
+            }
             pipeline(&tx, &self.statements, &rest[..run]).await?;
             rest = &rest[run..];
         }
@@ -305,7 +335,7 @@ struct Routes {
 }
 
 /// A target table.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Target {
     schema: String,
     table: String,
@@ -362,7 +392,7 @@ impl Routes {
 /// Appends the statements that apply `change` to `plan`.
 fn plan_change(routes: &Routes, change: &Change, plan: &mut Vec<Planned>) -> Result<(), Failure> {
     match change.op {
-        Op::Message => Ok(()),
+        Op::Message | Op::Schema => Ok(()),
         Op::Truncate => {
             let Some(truncate) = &change.truncate else {
                 return Err(SinkError::definite("a truncate change without its tables").into());
@@ -396,6 +426,7 @@ fn plan_change(routes: &Routes, change: &Change, plan: &mut Vec<Planned>) -> Res
                 params: Vec::new(),
                 target: (targets.len() == 1).then(|| targets[0].clone()),
                 simple: true,
+                ddl: false,
                 upsert: None,
             });
             Ok(())
@@ -457,10 +488,23 @@ struct Planned {
     params: Vec<PgText>,
     /// The target table, to say what to fix when it fails.
     target: Option<Target>,
-    /// Sent as a simple query on its own (a truncate), not prepared.
+    /// Sent as a simple query on its own (a truncate, DDL), not prepared.
     simple: bool,
+    /// DDL: statements prepared before it may be stale.
+    ddl: bool,
     /// A one-row upsert's parts, to join it with the next ones.
     upsert: Option<Upsert>,
+}
+
+impl Planned {
+    /// What running it is, for an error.
+    fn doing(&self) -> &'static str {
+        if self.ddl {
+            "changing the target table"
+        } else {
+            "truncating"
+        }
+    }
 }
 
 /// A one-row upsert is `{head}($1, ...){tail}`; `key` are the positions of
@@ -550,6 +594,7 @@ fn flush(run: &mut Vec<Planned>, out: &mut Vec<Planned>) {
         params,
         target,
         simple: false,
+        ddl: false,
         upsert: None,
     });
 }
@@ -566,6 +611,7 @@ impl Exec<'_> {
             params,
             target: Some(self.target.clone()),
             simple: false,
+            ddl: false,
             upsert: None,
         });
         Ok(())
@@ -642,6 +688,7 @@ impl Exec<'_> {
             params,
             target: Some(self.target.clone()),
             simple: false,
+            ddl: false,
             upsert: Some(Upsert { head, tail, key }),
         });
         Ok(())
