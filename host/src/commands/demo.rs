@@ -123,7 +123,7 @@ CREATE TABLE orders (
 
 /// `datum demo`: until SIGINT or SIGTERM, or `options.duration`.
 pub(crate) fn command(options: Options) -> Result<super::Outcome, super::CommandError> {
-    super::block_on(run(options, super::signalled()))??;
+    super::block_on(async { run(options, super::signalled()).await })??;
     Ok(super::Outcome::Success)
 }
 

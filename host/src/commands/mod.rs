@@ -215,20 +215,36 @@ pub(crate) fn block_on<F: Future>(future: F) -> Result<F::Output, CommandError> 
     Ok(output)
 }
 
-/// Completes on the first SIGINT or SIGTERM.
-pub(crate) async fn signalled() {
+/// Watches SIGINT and SIGTERM from the moment it is called, and completes
+/// on the first. Call it as soon as the runtime runs: a signal that comes
+/// while the host is still starting (compiling modules, preparing slots)
+/// then stops it cleanly once started, where a handler installed later left
+/// the signal's default action to kill it.
+pub(crate) fn signalled() -> impl Future<Output = ()> + Send + 'static {
     use tokio::signal::unix::{SignalKind, signal};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(term) => term,
-        Err(err) => {
-            tracing::error!(error = %err, "cannot watch SIGTERM");
-            let _ = tokio::signal::ctrl_c().await;
-            return;
+    let term = signal(SignalKind::terminate());
+    let interrupt = signal(SignalKind::interrupt());
+    async move {
+        match (term, interrupt) {
+            (Ok(mut term), Ok(mut interrupt)) => tokio::select! {
+                _ = interrupt.recv() => tracing::info!("SIGINT: stopping"),
+                _ = term.recv() => tracing::info!("SIGTERM: stopping"),
+            },
+            (Ok(mut term), Err(err)) => {
+                tracing::error!(error = %err, "cannot watch SIGINT");
+                term.recv().await;
+                tracing::info!("SIGTERM: stopping");
+            }
+            (Err(err), Ok(mut interrupt)) => {
+                tracing::error!(error = %err, "cannot watch SIGTERM");
+                interrupt.recv().await;
+                tracing::info!("SIGINT: stopping");
+            }
+            (Err(err), Err(_)) => {
+                tracing::error!(error = %err, "cannot watch SIGINT or SIGTERM");
+                std::future::pending::<()>().await;
+            }
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
-        _ = term.recv() => tracing::info!("SIGTERM: stopping"),
     }
 }
 

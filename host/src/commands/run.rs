@@ -23,7 +23,7 @@ pub(crate) fn command(path: &std::path::Path) -> Result<Outcome, CommandError> {
         Ok(_) => {}
         Err(err) => tracing::warn!(error = %err, "open file limit unchanged"),
     }
-    let report = block_on(run(&config, signalled()))??;
+    let report = block_on(async { run(&config, signalled()).await })??;
     Ok(Outcome::from_ok(report.ok()))
 }
 

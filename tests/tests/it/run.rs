@@ -1099,3 +1099,40 @@ transforms = [{{ module = {module}, config = {{ columns = ["email"], salt = "s" 
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Regression: SIGTERM while the host was still starting (compiling its
+/// modules, preparing the slot) killed it, because the handler was
+/// installed only once the pipelines ran. It now stops cleanly.
+#[tokio::test]
+async fn sigterm_while_the_host_starts_stops_it_cleanly() {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    client
+        .batch_execute("CREATE TABLE t (id int PRIMARY KEY)")
+        .await
+        .expect("table");
+    let dir = temp_dir("sigterm-starting");
+    let config = format!(
+        r#"
+state = "state.redb"
+
+[[pipeline]]
+name = "p"
+source = {{ url = {url}, tables = ["t"] }}
+sink = {{ type = "file", path = "out.jsonl" }}
+transforms = [{{ module = {module}, config = {{ columns = ["email"] }} }}]
+"#,
+        url = toml_string(&pg.conninfo("postgres")),
+        module = toml_string(example_wasm_path("mask_pii").to_str().unwrap()),
+    );
+    let host = Host::start(&dir, &config);
+    // Soon after the start: a fresh state file, so the module is compiled
+    // first, which takes longer than this.
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    let started = host.log().contains("replication started");
+    let (status, log) = host.stop(30);
+    assert!(status.success(), "exit {status:?}:\n{log}");
+    assert!(log.contains("SIGTERM: stopping"), "{log}");
+    assert!(!started, "the signal came after the start:\n{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
