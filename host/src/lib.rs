@@ -65,8 +65,7 @@ pub use config::{Config, OnError};
 // The replication source.
 pub use source::check::{Target as CheckTarget, check_source};
 pub use source::pgoutput::{DecodeError, Message as PgoutputMessage, decode as decode_pgoutput};
-pub use source::shapes::Shapes;
-pub use source::stream::{Resume, SourceStats, run as run_source};
+pub use source::stream::{SourceStats, run as run_source};
 pub use source::{
     Prepared as PreparedSource, SourceConfig, SourceError, prepare as prepare_source,
 };

@@ -61,7 +61,7 @@ impl Running {
         let stats = Arc::new(SourceStats::default());
         let handle = tokio::spawn(datum::run_source(
             config,
-            datum::Resume::at(resume_after),
+            resume_after,
             tx,
             feedback.clone(),
             stats.clone(),

@@ -26,6 +26,7 @@ use crate::event::json::BatchJson;
 use crate::pg::ConnInfo;
 use crate::pg::quote_literal;
 use crate::source::assembler::Assembler;
+use crate::source::shapes::Tracker;
 use crate::source::snapshot as reader;
 use crate::source::{SourceError, catalog, pgoutput};
 use crate::transform::encode::to_wire;
@@ -218,6 +219,8 @@ pub(crate) async fn from_slot(
             ))
         })?;
     let mut assembler = Assembler::new(BatchLimits::default(), Lsn::ZERO);
+    // Schema changes as a pipeline shows them, from the recording's start.
+    let mut shapes = Tracker::new(None);
     let mut batches = Vec::new();
     for row in &rows {
         let data: &[u8] = row.get(0);
@@ -228,7 +231,8 @@ pub(crate) async fn from_slot(
                 assembler.add_types(catalog::resolve_types(&client, &missing).await?);
             }
         }
-        if let Some(batch) = assembler.push(message)? {
+        if let Some(mut batch) = assembler.push(message)? {
+            shapes.observe(&mut batch);
             // Snapshot watermarks never reach modules: a transaction that
             // holds nothing else is not recorded.
             let changes: Vec<wire::Change> = batch

@@ -43,7 +43,7 @@ use crate::daemon::snapshot::{self, SnapshotPolicy, Snapshots};
 use crate::event::Batch;
 use crate::retry::Backoff;
 use crate::sink::{Sink, SinkError};
-use crate::source::shapes::Shapes;
+use crate::source::shapes::{Shapes, Tracker};
 use crate::source::stream::SourceStats;
 use crate::source::{self, SourceConfig, SourceError};
 use crate::transform::chain::ChainError;
@@ -487,10 +487,7 @@ impl Stages {
             name,
             source::stream::run(
                 config.source.clone(),
-                source::stream::Resume {
-                    after: offset.end_lsn,
-                    shapes: shapes.clone(),
-                },
+                offset.end_lsn,
                 source_tx,
                 feedback.clone(),
                 config.source_stats.clone(),
@@ -502,9 +499,9 @@ impl Stages {
             config,
             chain,
             offset.end_lsn,
-            source_rx,
-            staged_tx,
+            (source_rx, staged_tx),
             &snapshots,
+            Tracker::new(Some(shapes)),
         );
         let copier = tokio::spawn(snapshot::run(
             snapshots.clone(),
@@ -1020,9 +1017,9 @@ fn spawn_transforms(
     config: &PipelineConfig,
     active: &Arc<ActiveChain>,
     resume_after: crate::event::Lsn,
-    mut input: channel::Receiver<Batch>,
-    output: channel::Sender<Staged>,
+    (mut input, output): (channel::Receiver<Batch>, channel::Sender<Staged>),
     snapshots: &Arc<Snapshots>,
+    mut shapes: Tracker,
 ) -> std::thread::JoinHandle<()> {
     let (name, limits, counters) = (&config.name, config.source.limits, &config.stats);
     let active = active.clone();
@@ -1067,8 +1064,11 @@ fn spawn_transforms(
                         chain = active.adopt(boundary);
                         empty = chain.modules().next().is_none();
                     }
-                    // Watermarks out, a placed chunk's rows in.
+                    // Watermarks out, a placed chunk's rows in; then a
+                    // schema change before each table's first change of a
+                    // new shape (`source/shapes.rs`).
                     snapshots.observe(&mut batch);
+                    shapes.observe(&mut batch);
                     between = batch.txn.last;
                     if batch.txn.last {
                         boundary = crate::event::Lsn(batch.txn.end_lsn);

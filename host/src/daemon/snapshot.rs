@@ -126,6 +126,9 @@ struct Chunk {
     /// Positions of the key in the stream's relation (by the relation's
     /// address, which changes when the stream describes it again).
     positions: Option<(usize, Vec<Option<usize>>)>,
+    /// The stream's latest description of the table between the
+    /// watermarks: a chunk read with other columns is read again.
+    live: Option<Arc<Relation>>,
     ready: Option<Ready>,
     answer: Option<oneshot::Sender<Placed>>,
 }
@@ -257,6 +260,7 @@ impl Snapshots {
                 truncated: false,
                 touched: HashSet::new(),
                 positions: None,
+                live: None,
                 ready: None,
                 answer: Some(tx),
             },
@@ -369,10 +373,7 @@ impl Snapshots {
                         }
                     }
                 }
-                // Chunks of the table read with its old columns are read
-                // again, so that no row of the old shape follows the event.
-                Change::Schema { relation, .. } => lose_table(&mut inner, relation.oid),
-                Change::Snapshot { .. } | Change::Message { .. } => {}
+                Change::Snapshot { .. } | Change::Message { .. } | Change::Schema { .. } => {}
             }
             out.push(change);
         }
@@ -421,6 +422,7 @@ fn touch(inner: &mut Inner, relation: &Arc<Relation>, values: &[Value]) {
             continue;
         }
         if chunk.positions.as_ref().map(|(a, _)| *a) != Some(address) {
+            chunk.live = Some(relation.clone());
             let positions = chunk
                 .key_names
                 .iter()
@@ -476,9 +478,17 @@ fn place(inner: &mut Inner, chunk: Chunk, lsn: Lsn, out: &mut Vec<Change>) -> Op
         touched,
         ready,
         answer,
+        live,
         ..
     } = chunk;
-    let (Some(ready), true) = (ready, open) else {
+    // A table whose columns changed between the watermarks may have been
+    // read with the old ones: its rows would follow rows of the new shape
+    // (and its schema change) in the stream. Read it again.
+    let stale = |ready: &Ready| {
+        live.as_ref()
+            .is_some_and(|l| !l.same_columns(&ready.relation))
+    };
+    let (Some(ready), true) = (ready.filter(|r| !stale(r)), open) else {
         if let Some(answer) = answer {
             let _ = answer.send(Placed::Lost);
         }
@@ -1030,4 +1040,104 @@ pub(crate) fn request_all(
         &remove,
         &[SnapshotProgress::pending(ALL_TABLES, None)],
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{Column, ReplicaIdentity};
+    use datum_guest::Txn;
+
+    fn relation(columns: &[&str]) -> Arc<Relation> {
+        Arc::new(Relation {
+            oid: 9,
+            schema: "public".into(),
+            table: "t".into(),
+            replica_identity: ReplicaIdentity::Default,
+            columns: columns
+                .iter()
+                .map(|c| Column::new(c, "int4", *c == "id"))
+                .collect(),
+        })
+    }
+
+    fn watermark(content: &str) -> Change {
+        Change::Message {
+            transactional: true,
+            lsn: Lsn(1),
+            prefix: WATERMARK_PREFIX.into(),
+            content: content.as_bytes().to_vec(),
+        }
+    }
+
+    fn batch(commit_lsn: u64, changes: Vec<Change>) -> Batch {
+        Batch {
+            txn: Txn::committed(1, commit_lsn),
+            changes,
+            bytes: 0,
+        }
+    }
+
+    /// A chunk of `t` read with columns `(id, v)`, between watermarks that
+    /// have a live insert described by `live` in between: the snapshot rows
+    /// that come out at the high watermark, and what the copier learns.
+    fn place_with_live_change(live: Arc<Relation>) -> (usize, Placed) {
+        let snapshots = Snapshots::new("p");
+        let read = relation(&["id", "v"]);
+        let table = SnapshotTable {
+            name: "public.t".into(),
+            oid: 9,
+            relation: read.clone(),
+            key: vec![0],
+            estimate: 1,
+            role: "r".into(),
+        };
+        let (id, low, high, mut placed) = snapshots.begin_chunk(&table);
+        let mut first = batch(10, vec![watermark(&low)]);
+        snapshots.observe(&mut first);
+        snapshots.chunk_read(
+            id,
+            Ready {
+                relation: read,
+                key: vec![0],
+                rows: vec![vec![Value::Int(1), Value::Int(1)]],
+                bytes: 8,
+                progress: SnapshotProgress::pending("public.t", None),
+            },
+        );
+        let values = live.columns.iter().map(|_| Value::Int(5)).collect();
+        let mut last = batch(
+            20,
+            vec![
+                Change::Insert {
+                    relation: live,
+                    new: values,
+                },
+                watermark(&high),
+            ],
+        );
+        snapshots.observe(&mut last);
+        let rows = last
+            .changes
+            .iter()
+            .filter(|c| matches!(c, Change::Snapshot { .. }))
+            .count();
+        (rows, placed.try_recv().expect("an answer"))
+    }
+
+    #[test]
+    fn a_chunk_read_with_other_columns_than_the_stream_has_since_is_read_again() {
+        // The stream describes the table as the chunk was read: placed.
+        let (rows, placed) = place_with_live_change(relation(&["id", "v"]));
+        assert_eq!(rows, 1);
+        assert!(
+            matches!(placed, Placed::Emitted { emitted: 1, .. }),
+            "{placed:?}"
+        );
+        // A column was added between the watermarks: the chunk's rows may
+        // lack it, and would follow the new shape's first row.
+        let (rows, placed) = place_with_live_change(relation(&["id", "v", "note"]));
+        assert_eq!(rows, 0);
+        assert_eq!(placed, Placed::Lost);
+    }
 }

@@ -114,13 +114,12 @@ impl Column {
         sql_type(&self.type_name, self.type_modifier)
     }
 
-    /// Whether two columns hold the same thing: name, type and key flag.
+    /// Whether two columns hold the same thing: name and type.
     fn same_as(&self, other: &Column) -> bool {
         self.name == other.name
             && self.type_oid == other.type_oid
             && self.type_name == other.type_name
             && self.type_modifier == other.type_modifier
-            && self.key == other.key
     }
 }
 
@@ -158,9 +157,20 @@ impl Relation {
     /// columns (names, types, modifiers, key flags). A Relation message sent
     /// again with nothing changed is the same shape.
     pub fn same_shape(&self, other: &Relation) -> bool {
+        self.replica_identity == other.replica_identity
+            && self.same_columns(other)
+            && self
+                .columns
+                .iter()
+                .zip(&other.columns)
+                .all(|(a, b)| a.key == b.key)
+    }
+
+    /// Whether `other` has the same names and columns (names, types,
+    /// modifiers), whatever its key flags and replica identity.
+    pub fn same_columns(&self, other: &Relation) -> bool {
         self.schema == other.schema
             && self.table == other.table
-            && self.replica_identity == other.replica_identity
             && self.columns.len() == other.columns.len()
             && self
                 .columns

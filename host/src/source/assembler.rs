@@ -17,25 +17,17 @@
 //! * a transaction whose end LSN is at or below the resume point is never
 //!   emitted (`docs/architecture.md`, pitfall 1: PostgreSQL re-sends from the commit LSN).
 //!
-//! It also tells downstream when a table's shape changes: the first change
-//! of a table after a Relation message that differs from the shape shown
-//! before (kept in memory, and across restarts by [`Shapes`]) is preceded by
-//! a `schema` change, which carries the DDL statements captured for the
-//! table since (`source.capture_ddl`).
-//!
 //! It does no I/O: the stream asks [`Assembler::missing_types`] before handing
 //! over a Relation message and resolves those types from the catalog.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use datum_guest::{Txn, Value};
 
 use super::SourceError;
-use super::ddl::DDL_PREFIX;
 use super::pgoutput::{self, Datum, Message, OldTuple, Tuple};
 use super::replication::PG_EPOCH_OFFSET_MICROS;
-use super::shapes::Shapes;
 use crate::event::values::{self, TypeKind};
 use crate::event::{Batch, Change, Column, OldRow, Relation, ReplicaIdentity};
 use crate::event::{BatchLimits, Lsn};
@@ -63,8 +55,6 @@ struct Open {
     skip: u64,
     /// The whole transaction is at or below the resume point.
     skip_all: bool,
-    /// Schema changes among `changes` (they are not counted in `seen`).
-    extra: u64,
 }
 
 /// Where the last transaction that was partly delivered stopped.
@@ -85,21 +75,7 @@ pub(crate) struct Assembler {
     open: Option<Open>,
     resume_after: Lsn,
     partial: Option<Partial>,
-    /// The shape last shown downstream of each table.
-    shown: HashMap<u32, Arc<Relation>>,
-    /// Tables whose Relation message came since their last change: their
-    /// next change compares shapes.
-    fresh: HashSet<u32>,
-    /// DDL statements captured and not yet attached to a schema change, by
-    /// the OID of the object they changed; the oldest are forgotten first.
-    ddl: VecDeque<(u32, String)>,
-    /// Where shapes shown for the first time are recorded for the state file.
-    shapes: Option<Arc<Shapes>>,
 }
-
-/// Most captured statements waiting for a schema change (DDL that changes
-/// no table's shape, such as `CREATE INDEX`, waits forever).
-const DDL_KEPT: usize = 256;
 
 impl Assembler {
     /// An assembler that emits only transactions ending after `resume_after`.
@@ -115,21 +91,7 @@ impl Assembler {
             open: None,
             resume_after,
             partial: None,
-            shown: HashMap::new(),
-            fresh: HashSet::new(),
-            ddl: VecDeque::new(),
-            shapes: None,
         }
-    }
-
-    /// Compares shapes against those of `shapes` (what the state file kept)
-    /// and records there each shape shown for the first time.
-    pub(crate) fn with_shapes(mut self, shapes: Arc<Shapes>) -> Assembler {
-        for relation in shapes.known() {
-            self.shown.insert(relation.oid, relation.clone());
-        }
-        self.shapes = Some(shapes);
-        self
     }
 
     /// Prepares for a new connection: the server starts again at a
@@ -142,7 +104,7 @@ impl Assembler {
         {
             // A second cut before reaching the earlier cut point must not
             // forget what was delivered the first time.
-            let delivered = (open.seen - (open.changes.len() as u64 - open.extra)).max(open.skip);
+            let delivered = (open.seen - open.changes.len() as u64).max(open.skip);
             if delivered > 0 {
                 self.partial = Some(Partial {
                     commit_lsn: open.commit_lsn,
@@ -263,7 +225,6 @@ impl Assembler {
             bytes: 0,
             seen: 0,
             skip: 0,
-            extra: 0,
             // Its commit record starts before the resume point, so it also
             // ends at or before it.
             skip_all: commit_lsn < self.resume_after,
@@ -334,7 +295,6 @@ impl Assembler {
             pgoutput::ReplicaIdentity::Full => ReplicaIdentity::Full,
             pgoutput::ReplicaIdentity::Index => ReplicaIdentity::Index,
         };
-        self.fresh.insert(relation.oid);
         self.relations.insert(
             relation.oid,
             Arc::new(Relation {
@@ -426,9 +386,6 @@ impl Assembler {
             if !self.counts() {
                 return Ok(None);
             }
-            if prefix == DDL_PREFIX {
-                self.captured_ddl(content);
-            }
             return self.add(change, bytes);
         }
         if self.open.is_some() {
@@ -475,100 +432,12 @@ impl Assembler {
         !open.skip_all && open.seen > open.skip
     }
 
-    /// A captured DDL statement (`{"objid": OID, "statement": TEXT, ...}`),
-    /// kept for the schema change of the table it changed. Content that
-    /// does not read so is left alone: the message still goes downstream.
-    fn captured_ddl(&mut self, content: &[u8]) {
-        #[derive(serde::Deserialize)]
-        struct Captured {
-            objid: serde_json::Value,
-            statement: String,
-        }
-        let Ok(captured) = serde_json::from_slice::<Captured>(content) else {
-            return;
-        };
-        // A number from Datum's trigger; text from one written by hand.
-        let objid = match &captured.objid {
-            serde_json::Value::Number(n) => n.as_u64(),
-            serde_json::Value::String(s) => s.parse().ok(),
-            _ => None,
-        };
-        if let Some(objid) = objid.and_then(|o| u32::try_from(o).ok()) {
-            if self.ddl.len() >= DDL_KEPT {
-                self.ddl.pop_front();
-            }
-            self.ddl.push_back((objid, captured.statement));
-        }
-    }
-
-    /// Before the first change of a table after its Relation message: a
-    /// schema change when its shape differs from the one shown before.
-    fn schema_changes(&mut self, change: &Change) -> Vec<Change> {
-        let mut out = Vec::new();
-        match change {
-            Change::Insert { relation, .. }
-            | Change::Update { relation, .. }
-            | Change::Delete { relation, .. } => self.compare_shape(relation, &mut out),
-            Change::Truncate { relations, .. } => {
-                for relation in relations {
-                    self.compare_shape(relation, &mut out);
-                }
-            }
-            Change::Snapshot { .. } | Change::Schema { .. } | Change::Message { .. } => {}
-        }
-        out
-    }
-
-    fn compare_shape(&mut self, relation: &Arc<Relation>, out: &mut Vec<Change>) {
-        if !self.fresh.remove(&relation.oid) {
-            return;
-        }
-        let Some(commit_lsn) = self.open.as_ref().map(|o| o.commit_lsn) else {
-            return;
-        };
-        let before = self.shown.insert(relation.oid, relation.clone());
-        if before.as_ref().is_some_and(|b| b.same_shape(relation)) {
-            return;
-        }
-        if let Some(shapes) = &self.shapes {
-            shapes.shown(commit_lsn, relation.clone());
-        }
-        if let Some(before) = before {
-            let mut ddl = Vec::new();
-            self.ddl.retain(|(oid, statement)| {
-                if *oid == relation.oid {
-                    // One statement can report several commands (a dropped
-                    // column is an ALTER TABLE and a dropped object).
-                    if ddl.last() != Some(statement) {
-                        ddl.push(statement.clone());
-                    }
-                    false
-                } else {
-                    true
-                }
-            });
-            out.push(Change::Schema {
-                relation: relation.clone(),
-                before,
-                ddl,
-            });
-        }
-    }
-
     fn add(&mut self, change: Change, bytes: usize) -> Result<Option<Batch>, SourceError> {
         let limits = self.limits;
-        let schema = if self.fresh.is_empty() {
-            Vec::new()
-        } else {
-            self.schema_changes(&change)
-        };
         let open = self
             .open
             .as_mut()
             .ok_or_else(|| SourceError::Protocol("a change outside a transaction".into()))?;
-        // Schema changes may take a chunk one or two past `max_rows`.
-        open.extra += schema.len() as u64;
-        open.changes.extend(schema);
         open.changes.push(change);
         open.bytes += bytes;
         if open.changes.len() < limits.max_rows && open.bytes < limits.max_bytes {
@@ -576,7 +445,6 @@ impl Assembler {
         }
         let chunk = open.chunk;
         open.chunk += 1;
-        open.extra = 0;
         let changes = std::mem::take(&mut open.changes);
         let bytes = std::mem::take(&mut open.bytes);
         Ok(Some(Batch {
@@ -764,189 +632,6 @@ mod tests {
         m.extend(IDS[..n].iter().map(|id| insert(id)));
         m.push(commit(lsn));
         m
-    }
-
-    /// The table with `body` retyped to `varchar(20)` and `note` added.
-    fn altered_relation_msg() -> Message<'static> {
-        Message::Relation(pgoutput::Relation {
-            oid: 1,
-            namespace: "public",
-            name: "item",
-            replica_identity: PgIdentity::Default,
-            columns: vec![
-                RelationColumn {
-                    key: true,
-                    name: "id",
-                    type_oid: 23,
-                    type_modifier: -1,
-                },
-                RelationColumn {
-                    key: false,
-                    name: "body",
-                    type_oid: 1043,
-                    type_modifier: 24,
-                },
-                RelationColumn {
-                    key: false,
-                    name: "note",
-                    type_oid: 25,
-                    type_modifier: -1,
-                },
-            ],
-        })
-    }
-
-    fn insert3(id: &'static str) -> Message<'static> {
-        Message::Insert {
-            relation: 1,
-            new: Tuple {
-                columns: vec![Datum::Text(id.as_bytes()), Datum::Text(b"x"), Datum::Null],
-            },
-        }
-    }
-
-    fn ops(batch: &Batch) -> Vec<&'static str> {
-        batch
-            .changes
-            .iter()
-            .map(|c| match c {
-                Change::Insert { .. } => "insert",
-                Change::Schema { .. } => "schema",
-                Change::Message { .. } => "message",
-                _ => "other",
-            })
-            .collect()
-    }
-
-    #[test]
-    fn a_changed_relation_puts_a_schema_change_before_its_first_row() {
-        let shapes = Shapes::new(Vec::new());
-        let mut a = Assembler::new(BatchLimits::default(), Lsn::ZERO).with_shapes(shapes.clone());
-        // First sight: no event, but the shape is kept for the state file.
-        let first = run(&mut a, txn(100, 7, 1));
-        assert_eq!(ops(&first[0]), ["insert"]);
-        assert_eq!(shapes.upto(Lsn(108)).len(), 1);
-        // The same shape sent again (a reconnect, a no-op ALTER): nothing.
-        let again = run(&mut a, txn(200, 8, 1));
-        assert_eq!(ops(&again[0]), ["insert"]);
-        // A new shape in the middle of a transaction, with its DDL captured.
-        let ddl = br#"{"objid": 1, "command": "ALTER TABLE", "statement": "ALTER TABLE item ADD note text"}"#;
-        let batches = run(
-            &mut a,
-            vec![
-                begin(300, 9),
-                insert("1"),
-                Message::Message {
-                    transactional: true,
-                    lsn: 290,
-                    prefix: DDL_PREFIX,
-                    content: ddl,
-                },
-                altered_relation_msg(),
-                insert3("2"),
-                insert3("3"),
-                commit(300),
-            ],
-        );
-        assert_eq!(
-            ops(&batches[0]),
-            ["insert", "message", "schema", "insert", "insert"]
-        );
-        let Change::Schema {
-            relation,
-            before,
-            ddl,
-        } = &batches[0].changes[2]
-        else {
-            panic!("not a schema change");
-        };
-        assert_eq!(before.columns.len(), 2);
-        assert_eq!(relation.columns.len(), 3);
-        assert_eq!(relation.columns[1].sql_type(), "varchar(20)");
-        assert_eq!(ddl, &["ALTER TABLE item ADD note text".to_owned()]);
-        let kept = shapes.upto(Lsn(308));
-        assert_eq!(kept.len(), 1);
-        assert_eq!(
-            kept[0].columns.len(),
-            3,
-            "the newest shape is the one to keep"
-        );
-    }
-
-    #[test]
-    fn a_restart_compares_with_the_shapes_the_state_file_kept() {
-        // Kept: `item` as `relation_msg` describes it; the table was altered
-        // while the host was down.
-        let kept = Relation {
-            oid: 1,
-            schema: "public".into(),
-            table: "item".into(),
-            replica_identity: ReplicaIdentity::Default,
-            columns: vec![
-                {
-                    let mut c = Column::new("id", "int4", true);
-                    c.type_oid = 23;
-                    c
-                },
-                {
-                    let mut c = Column::new("body", "text", false);
-                    c.type_oid = 25;
-                    c
-                },
-            ],
-        };
-        let mut a =
-            Assembler::new(BatchLimits::default(), Lsn::ZERO).with_shapes(Shapes::new(vec![kept]));
-        let batches = run(
-            &mut a,
-            vec![
-                begin(100, 7),
-                altered_relation_msg(),
-                insert3("1"),
-                commit(100),
-            ],
-        );
-        assert_eq!(ops(&batches[0]), ["schema", "insert"]);
-    }
-
-    #[test]
-    fn a_schema_change_does_not_count_as_a_delivered_change_after_a_reconnect() {
-        let limits = BatchLimits {
-            max_rows: 2,
-            max_bytes: usize::MAX,
-        };
-        let mut a = Assembler::new(limits, Lsn::ZERO);
-        run(&mut a, txn(100, 7, 1));
-        // Chunk 0: row 1, the schema change and row 2; then the connection
-        // drops with row 3 read but not sent.
-        let sent = run(
-            &mut a,
-            vec![
-                begin(200, 8),
-                insert("1"),
-                altered_relation_msg(),
-                insert3("2"),
-                insert3("3"),
-            ],
-        );
-        assert_eq!(sent.len(), 1);
-        assert_eq!(ops(&sent[0]), ["insert", "schema", "insert"]);
-        a.reconnected(Lsn(108));
-        let again = run(
-            &mut a,
-            vec![
-                begin(200, 8),
-                altered_relation_msg(),
-                insert3("1"),
-                insert3("2"),
-                insert3("3"),
-                commit(200),
-            ],
-        );
-        // Exactly row 3 comes again, and no second schema change.
-        assert_eq!(again.len(), 1);
-        assert_eq!(ops(&again[0]), ["insert"]);
-        assert_eq!(again[0].txn.chunk, 1);
     }
 
     #[test]

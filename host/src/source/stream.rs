@@ -88,35 +88,14 @@ const PENDING_MAX: usize = 256;
 /// the millisecond), each time for everything that arrived meanwhile.
 const LINGER: Duration = Duration::from_millis(1);
 
-/// Where a stream resumes.
-#[derive(Debug, Clone)]
-pub struct Resume {
-    /// After this end LSN (the checkpoint), or [`Lsn::ZERO`]: from the
-    /// slot's confirmed position.
-    pub after: Lsn,
-    /// The table shapes described up to there (`source/shapes.rs`).
-    pub shapes: Arc<super::shapes::Shapes>,
-}
-
-impl Resume {
-    /// After `lsn`, with no table shape known yet: each table's first
-    /// Relation message is compared with nothing.
-    pub fn at(lsn: Lsn) -> Resume {
-        Resume {
-            after: lsn,
-            shapes: super::shapes::Shapes::new(Vec::new()),
-        }
-    }
-}
-
 type Shutdown<'a> = Pin<&'a mut (dyn Future<Output = ()> + Send)>;
 
 /// Streams from the slot until `shutdown` completes, the receiver of `out`
 /// goes away, or a definite error occurs.
 ///
-/// `resume` says where: after the end LSN of the last transaction already
-/// processed (the checkpoint), or [`Lsn::ZERO`] to start from the slot's
-/// confirmed position, with the table shapes described up to there. `positions` learns of every batch sent and says what is
+/// `resume_after` is the end LSN of the last transaction already processed
+/// (the checkpoint), or [`Lsn::ZERO`] to start from the slot's confirmed
+/// position. `positions` learns of every batch sent and says what is
 /// checkpointed.
 ///
 /// After `shutdown`, `out` is dropped (the stages downstream end) and the
@@ -127,7 +106,7 @@ type Shutdown<'a> = Pin<&'a mut (dyn Future<Output = ()> + Send)>;
 /// not deliver the last transactions again.
 pub async fn run(
     config: SourceConfig,
-    resume: Resume,
+    resume_after: Lsn,
     out: crate::channel::Sender<Batch>,
     positions: Arc<dyn Positions>,
     stats: Arc<SourceStats>,
@@ -136,11 +115,7 @@ pub async fn run(
 ) -> Result<(), SourceError> {
     let mut shutdown = std::pin::pin!(shutdown);
     let mut shutdown: Shutdown<'_> = shutdown.as_mut();
-    let Resume {
-        after: resume_after,
-        shapes,
-    } = resume;
-    let mut assembler = Assembler::new(config.limits, resume_after).with_shapes(shapes);
+    let mut assembler = Assembler::new(config.limits, resume_after);
     let mut backoff = Backoff::new(config.reconnect_initial, config.reconnect_max);
     let mut requested = resume_after;
     loop {

@@ -456,3 +456,99 @@ sink = {{ type = "file", path = {out} }}
     drop(host);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A column added while a table is being copied: snapshot rows read with
+/// the old columns never follow the schema change (a chunk read across the
+/// change is read again), and snapshot rows read with the new columns are
+/// announced even before a live change tells of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_column_added_during_a_copy_never_lets_old_rows_follow_the_schema_change() {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    const ROWS: i64 = 200_000;
+    client
+        .batch_execute(&format!(
+            "CREATE TABLE t (id int PRIMARY KEY, v int); \
+             INSERT INTO t SELECT g, g FROM generate_series(1, {ROWS}) g"
+        ))
+        .await
+        .expect("table");
+    let dir = temp_dir("schema-copy");
+    let out = dir.join("out.jsonl");
+    let config = format!(
+        r#"
+state = {state}
+
+[[pipeline]]
+name = "p"
+source.url = {url}
+source.tables = ["public.t"]
+snapshot.chunk_size = 2000
+sink = {{ type = "file", path = {out} }}
+"#,
+        state = toml_string(dir.join("state.redb").to_str().expect("utf-8")),
+        url = toml_string(&pg.conninfo("postgres")),
+        out = toml_string(out.to_str().expect("utf-8")),
+    );
+    let host = Host::start(&dir, &config);
+    // Some chunks copied, then the change, with live rows around it.
+    crate::run::wait_for_line(&out, &host, |l| l["op"] == "snapshot");
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let writer = tokio::spawn(inserter(pg.conninfo("postgres"), ROWS + 1, stopped));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    client
+        .batch_execute("ALTER TABLE t ADD COLUMN extra text")
+        .await
+        .expect("add");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _ = stop.send(true);
+    writer.await.expect("writer");
+    client
+        .batch_execute("INSERT INTO t VALUES (-1, -1, 'last')")
+        .await
+        .expect("last");
+    let lines = tokio::task::spawn_blocking({
+        let out = out.clone();
+        move || {
+            let host = host;
+            let deadline = std::time::Instant::now() + Duration::from_secs(120);
+            loop {
+                let lines = crate::run::lines(&out);
+                let copied = lines.iter().filter(|l| l["op"] == "snapshot").count();
+                let last = lines.iter().any(|l| l["new"]["id"] == -1);
+                if last && copied as i64 >= ROWS {
+                    return lines;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{copied} rows copied\n{}",
+                    host.log()
+                );
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+    })
+    .await
+    .expect("lines");
+    let schema_at = lines
+        .iter()
+        .position(|l| l["op"] == "schema")
+        .expect("a schema change");
+    assert_eq!(lines.iter().filter(|l| l["op"] == "schema").count(), 1);
+    let has_extra = |l: &Json| l["new"].get("extra").is_some();
+    let rows = |l: &&Json| l["op"] == "snapshot" || l["op"] == "insert";
+    assert!(
+        lines[..schema_at]
+            .iter()
+            .filter(rows)
+            .all(|l| !has_extra(l)),
+        "a row of the new shape before its schema change"
+    );
+    let after: Vec<&Json> = lines[schema_at..].iter().filter(rows).collect();
+    assert!(
+        after.iter().all(|l| has_extra(l)),
+        "a row of the old shape after the schema change: {:?}",
+        after.iter().find(|l| !has_extra(l))
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -322,19 +322,15 @@ async fn schema_changes_apply_to_the_changes_that_follow() {
     )
     .await;
     let mut lines = Vec::new();
-    while lines.len() < 7 {
+    while lines.len() < 4 {
         lines.extend(render(&source.next(10).await));
     }
-    // Each new shape is announced before its first row.
     assert_eq!(
         lines,
         [
             "I public.s id=1 a='x'",
-            "A public.s id:int4,a:text -> id:int4,a:text,b:int4",
             "I public.s id=2 a='y' b=8",
-            "A public.s id:int4,a:text,b:int4 -> id:int4,b:int4",
             "I public.s id=3 b=9",
-            "A public.s id:int4,b:int4 -> id:int4,b:text",
             "I public.s id=4 b='ten'",
         ]
     );
