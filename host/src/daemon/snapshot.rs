@@ -819,10 +819,14 @@ async fn copy_chunks(
             snapshots.set_live(&read.table, |live| live.estimate = table.estimate);
             let (id, low, high, placed) = snapshots.begin_chunk(&table);
             match read_one(snapshots, &client, &table, id, (&low, &high), &read, limit).await {
-                Ok(next) => {
+                Ok(Some(next)) => {
                     read = next.clone();
                     in_flight.push_back((id, placed, next));
                 }
+                // The table changed while the chunk was read: its low
+                // watermark is left without a chunk, and the next round
+                // describes the table again.
+                Ok(None) => snapshots.abandon(id),
                 Err(err) => {
                     snapshots.abandon(id);
                     return Err(err);
@@ -866,7 +870,9 @@ async fn copy_chunks(
 }
 
 /// One chunk after `after`: low watermark, the rows handed over, high
-/// watermark. Returns the table's progress once the chunk is placed.
+/// watermark. Returns the table's progress once the chunk is placed, or
+/// `None` when DDL changed the table's columns since it was described (no
+/// high watermark is written: the chunk is read again).
 async fn read_one(
     snapshots: &Snapshots,
     client: &tokio_postgres::Client,
@@ -875,9 +881,13 @@ async fn read_one(
     (low, high): (&str, &str),
     after: &SnapshotProgress,
     limit: usize,
-) -> Result<SnapshotProgress, SourceError> {
+) -> Result<Option<SnapshotProgress>, SourceError> {
     reader::emit_watermark(client, low).await?;
     let rows = reader::read_chunk(client, table, after.cursor.as_deref(), limit).await?;
+    if !reader::unchanged(client, table).await? {
+        // DDL since the table was described: read again, described anew.
+        return Ok(None);
+    }
     let read = rows.rows.len() as u64;
     let mut next = after.clone();
     next.rows += read;
@@ -903,7 +913,7 @@ async fn read_one(
         },
     );
     reader::emit_watermark(client, high).await?;
-    Ok(next)
+    Ok(Some(next))
 }
 
 /// Each table's snapshot state and rows copied, for the metrics: durable

@@ -284,6 +284,29 @@ fn dropped(name: &str) -> SourceError {
     }
 }
 
+/// Whether `table` still has the name and columns (names, types, modifiers)
+/// it was described with. A chunk read with a description that DDL made
+/// stale in the meantime must be read again: its rows would otherwise
+/// follow rows of the new shape in the stream (`docs/schema.md`).
+pub(crate) async fn unchanged(client: &Client, table: &SnapshotTable) -> Result<bool, SourceError> {
+    let rows = client
+        .query(
+            "SELECT n.nspname::text, c.relname::text, a.attname::text, a.atttypid, a.atttypmod              FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace              JOIN pg_attribute a ON a.attrelid = c.oid              WHERE c.oid = $1 AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''              ORDER BY a.attnum",
+            &[&table.oid],
+        )
+        .await
+        .map_err(SourceError::Sql)?;
+    let relation = &table.relation;
+    Ok(rows.len() == relation.columns.len()
+        && rows.iter().zip(&relation.columns).all(|(row, column)| {
+            row.get::<_, String>(0) == relation.schema
+                && row.get::<_, String>(1) == relation.table
+                && row.get::<_, String>(2) == column.name
+                && row.get::<_, u32>(3) == column.type_oid
+                && row.get::<_, i32>(4) == column.type_modifier
+        }))
+}
+
 /// Reads the next chunk: at most `limit` rows whose key is above `after`
 /// (from the first row when `None`), in key order, in one statement (its
 /// own short transaction). Ordering is PostgreSQL's: the key is compared

@@ -5,6 +5,7 @@
 //! added column and a widened type, or stopping at the right batch and
 //! going on once the target is fixed.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use datum_tests::{cluster, connect, example_wasm_path, free_port};
@@ -12,6 +13,29 @@ use serde_json::Value as Json;
 
 use crate::run::{Host, temp_dir, toml_string};
 use crate::snapshot::{TOKEN, config, two_databases, wait_equal};
+
+/// A host configuration: pipeline `p` streams `public.t` of `url` into
+/// the file `dir/out.jsonl`, with the state file in `dir`; `extra` lines
+/// join the pipeline's table. The configuration and the output file.
+fn file_pipeline(dir: &Path, url: &str, extra: &str) -> (String, PathBuf) {
+    let out = dir.join("out.jsonl");
+    let config = format!(
+        r#"
+state = {state}
+
+[[pipeline]]
+name = "p"
+source.url = {url}
+source.tables = ["public.t"]
+sink = {{ type = "file", path = {out} }}
+{extra}
+"#,
+        state = toml_string(dir.join("state.redb").to_str().expect("utf-8")),
+        url = toml_string(url),
+        out = toml_string(out.to_str().expect("utf-8")),
+    );
+    (config, out)
+}
 
 /// Inserts `(id, v)` rows into `t` one transaction at a time, ids from
 /// `from`, until `stop`; the next id.
@@ -63,31 +87,14 @@ async fn each_schema_change_arrives_before_the_first_row_of_its_new_shape() {
         .await
         .expect("table");
     let dir = temp_dir("schema-events");
-    let out = dir.join("out.jsonl");
-    let port = free_port();
-    let config = format!(
-        r#"
-state = {state}
-
-[admin]
-listen = "127.0.0.1:{port}"
-token = "{TOKEN}"
-
-[[pipeline]]
-name = "p"
-source.url = {url}
-source.tables = ["public.t"]
-source.capture_ddl = true
-snapshot.mode = "never"
-sink = {{ type = "file", path = {out} }}
-
-[[pipeline.transforms]]
-module = {identity}
-"#,
-        state = toml_string(dir.join("state.redb").to_str().expect("utf-8")),
-        url = toml_string(&pg.conninfo("postgres")),
-        out = toml_string(out.to_str().expect("utf-8")),
-        identity = toml_string(example_wasm_path("identity").to_str().expect("utf-8")),
+    let (config, out) = file_pipeline(
+        &dir,
+        &pg.conninfo("postgres"),
+        &format!(
+            "source.capture_ddl = true\nsnapshot.mode = \"never\"\n\n\
+             [[pipeline.transforms]]\nmodule = {}",
+            toml_string(example_wasm_path("identity").to_str().expect("utf-8"))
+        ),
     );
     let host = Host::start(&dir, &config);
     crate::run::wait_for_slots(&client, &["datum_p"], &host).await;
@@ -258,22 +265,27 @@ async fn status(port: u16) -> Option<Json> {
     serde_json::from_str(&response.text().await.ok()?).ok()
 }
 
-/// With `schema_changes = "apply"`, the target gains the added column and
-/// the widened type in the batch's transaction while a writer runs, and
-/// ends equal to the source row for row.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_apply_the_target_follows_an_added_column_and_a_widened_type() {
-    let pg = cluster();
-    let (src, dst) = two_databases(&pg).await;
+/// Databases `src` and `dst`, each with table `t` made by `create`, and a
+/// host configuration (in a new directory named after `name`, its admin
+/// API on the port returned) streaming `t` from one into the other with
+/// the postgres sink's `schema_changes` set to `policy`.
+async fn into_postgres(
+    pg: &datum_tests::Cluster,
+    create: &str,
+    name: &str,
+    policy: &str,
+) -> (
+    tokio_postgres::Client,
+    tokio_postgres::Client,
+    PathBuf,
+    u16,
+    String,
+) {
+    let (src, dst) = two_databases(pg).await;
     for db in [&src, &dst] {
-        db.batch_execute("CREATE TABLE t (id int PRIMARY KEY, v int, note varchar(10))")
-            .await
-            .expect("table");
+        db.batch_execute(create).await.expect("table");
     }
-    src.batch_execute("INSERT INTO t SELECT g, g, 'n' || g FROM generate_series(1, 1000) g")
-        .await
-        .expect("rows");
-    let dir = temp_dir("schema-apply");
+    let dir = temp_dir(name);
     let port = free_port();
     let config = config(
         &pg.conninfo("src"),
@@ -285,8 +297,27 @@ async fn with_apply_the_target_follows_an_added_column_and_a_widened_type() {
     )
     .replace(
         r#"type = "postgres","#,
-        r#"type = "postgres", schema_changes = "apply","#,
+        &format!(r#"type = "postgres", schema_changes = "{policy}","#),
     );
+    (src, dst, dir, port, config)
+}
+
+/// With `schema_changes = "apply"`, the target gains the added column and
+/// the widened type in the batch's transaction while a writer runs, and
+/// ends equal to the source row for row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_apply_the_target_follows_an_added_column_and_a_widened_type() {
+    let pg = cluster();
+    let (src, dst, dir, port, config) = into_postgres(
+        &pg,
+        "CREATE TABLE t (id int PRIMARY KEY, v int, note varchar(10))",
+        "schema-apply",
+        "apply",
+    )
+    .await;
+    src.batch_execute("INSERT INTO t SELECT g, g, 'n' || g FROM generate_series(1, 1000) g")
+        .await
+        .expect("rows");
     let host = Host::start(&dir, &config);
     wait_equal(&src, &dst, "SELECT * FROM t ORDER BY id", &host, 60).await;
 
@@ -335,22 +366,13 @@ async fn with_apply_the_target_follows_an_added_column_and_a_widened_type() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_fail_the_pipeline_stops_at_the_change_and_goes_on_once_the_target_is_fixed() {
     let pg = cluster();
-    let (src, dst) = two_databases(&pg).await;
-    for db in [&src, &dst] {
-        db.batch_execute("CREATE TABLE t (id int PRIMARY KEY, v int)")
-            .await
-            .expect("table");
-    }
-    let dir = temp_dir("schema-fail");
-    let port = free_port();
-    let config = config(
-        &pg.conninfo("src"),
-        &pg.conninfo("dst"),
-        &dir,
-        port,
-        &["public.t"],
-        "",
-    );
+    let (src, dst, dir, port, config) = into_postgres(
+        &pg,
+        "CREATE TABLE t (id int PRIMARY KEY, v int)",
+        "schema-fail",
+        "fail",
+    )
+    .await;
     let host = Host::start(&dir, &config);
     crate::run::wait_for_slots(&src, &["datum_p"], &host).await;
     src.batch_execute("INSERT INTO t SELECT g, g FROM generate_series(1, 10) g")
@@ -414,22 +436,7 @@ async fn a_column_added_while_the_host_was_stopped_is_announced_after_the_restar
         .await
         .expect("table");
     let dir = temp_dir("schema-restart");
-    let out = dir.join("out.jsonl");
-    let config = format!(
-        r#"
-state = {state}
-
-[[pipeline]]
-name = "p"
-source.url = {url}
-source.tables = ["public.t"]
-snapshot.mode = "never"
-sink = {{ type = "file", path = {out} }}
-"#,
-        state = toml_string(dir.join("state.redb").to_str().expect("utf-8")),
-        url = toml_string(&pg.conninfo("postgres")),
-        out = toml_string(out.to_str().expect("utf-8")),
-    );
+    let (config, out) = file_pipeline(&dir, &pg.conninfo("postgres"), "snapshot.mode = \"never\"");
     let host = Host::start(&dir, &config);
     crate::run::wait_for_slots(&client, &["datum_p"], &host).await;
     client
@@ -474,22 +481,7 @@ async fn a_column_added_during_a_copy_never_lets_old_rows_follow_the_schema_chan
         .await
         .expect("table");
     let dir = temp_dir("schema-copy");
-    let out = dir.join("out.jsonl");
-    let config = format!(
-        r#"
-state = {state}
-
-[[pipeline]]
-name = "p"
-source.url = {url}
-source.tables = ["public.t"]
-snapshot.chunk_size = 2000
-sink = {{ type = "file", path = {out} }}
-"#,
-        state = toml_string(dir.join("state.redb").to_str().expect("utf-8")),
-        url = toml_string(&pg.conninfo("postgres")),
-        out = toml_string(out.to_str().expect("utf-8")),
-    );
+    let (config, out) = file_pipeline(&dir, &pg.conninfo("postgres"), "snapshot.chunk_size = 2000");
     let host = Host::start(&dir, &config);
     // Some chunks copied, then the change, with live rows around it.
     crate::run::wait_for_line(&out, &host, |l| l["op"] == "snapshot");
