@@ -49,6 +49,7 @@ pub fn cluster() -> Cluster {
     Cluster::start().unwrap_or_else(|err| panic!("starting a throwaway PostgreSQL: {err}"))
 }
 
+pub mod browser;
 pub mod nats;
 
 /// A TCP port on the loopback interface that was free a moment ago.

@@ -1,5 +1,6 @@
 //! The admin API (docs/admin.md): an axum server inside `datum run` for
-//! status, metrics, pause and resume, hot swap and rollback, dead letters.
+//! status, metrics, pause and resume, hot swap and rollback, dead letters,
+//! and a dashboard page that uses them (`dashboard.rs`).
 //!
 //! Owns HTTP: listening (loopback unless a strong token is configured),
 //! connections (a cap, a header timeout), the bearer token (compared in
@@ -9,6 +10,7 @@
 //! belongs elsewhere: [`crate::daemon::PipelineControl`] pauses and resumes,
 //! `crate::daemon::hotswap` swaps, the state file stores.
 
+mod dashboard;
 pub(crate) mod metrics;
 pub(crate) mod openapi;
 
@@ -515,6 +517,9 @@ fn router(app: Arc<App>, max_upload: usize) -> Router {
         )
         .route_layer(middleware::from_fn_with_state(app.clone(), authorize));
     Router::new()
+        .route("/", get(dashboard::page))
+        .route("/dashboard.js", get(dashboard::script))
+        .route("/dashboard.css", get(dashboard::style))
         .route("/v1/health", get(|| async { ok(json!({"status": "ok"})) }))
         .route("/v1/ready", get(ready))
         .route(

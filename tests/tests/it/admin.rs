@@ -9,10 +9,10 @@ use serde_json::{Value as Json, json};
 
 use crate::run::{Host, lines, temp_dir, toml_string, wait_for_slots};
 
-const TOKEN: &str = "test-admin-token-0123456789";
+pub(crate) const TOKEN: &str = "test-admin-token-0123456789";
 
 /// An HTTP client for one host's admin API.
-struct Admin {
+pub(crate) struct Admin {
     base: String,
     client: reqwest::Client,
 }
@@ -43,7 +43,7 @@ fn multipart(parts: &[(&str, Option<&str>, &[u8])]) -> (String, Vec<u8>) {
 }
 
 impl Admin {
-    fn new(port: u16) -> Admin {
+    pub(crate) fn new(port: u16) -> Admin {
         Admin {
             base: format!("http://127.0.0.1:{port}"),
             client: reqwest::Client::builder()
@@ -65,12 +65,12 @@ impl Admin {
         format!("{}{path}", self.base)
     }
 
-    async fn get(&self, path: &str) -> (u16, Json) {
+    pub(crate) async fn get(&self, path: &str) -> (u16, Json) {
         self.send(self.client.get(self.url(path)).bearer_auth(TOKEN))
             .await
     }
 
-    async fn post(&self, path: &str, body: Json) -> (u16, Json) {
+    pub(crate) async fn post(&self, path: &str, body: Json) -> (u16, Json) {
         self.send(
             self.client
                 .post(self.url(path))
@@ -87,7 +87,7 @@ impl Admin {
     }
 
     /// Uploads `wasm` with a configuration, as multipart.
-    async fn upload(&self, path: &str, wasm: &[u8], config: &str) -> (u16, Json) {
+    pub(crate) async fn upload(&self, path: &str, wasm: &[u8], config: &str) -> (u16, Json) {
         self.upload_parts(
             path,
             &[
@@ -111,7 +111,7 @@ impl Admin {
     }
 
     /// Waits until the API answers and every pipeline runs.
-    async fn wait_running(&self, host: &Host) {
+    pub(crate) async fn wait_running(&self, host: &Host) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Ok(response) = self.client.get(self.url("/v1/ready")).send().await
@@ -128,7 +128,7 @@ impl Admin {
         }
     }
 
-    async fn active_version(&self, module: &str) -> (u64, String) {
+    pub(crate) async fn active_version(&self, module: &str) -> (u64, String) {
         let (status, body) = self.get(&format!("/v1/pipelines/p/modules/{module}")).await;
         assert_eq!(status, 200, "{body}");
         (

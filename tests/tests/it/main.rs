@@ -4,6 +4,7 @@
 
 mod admin;
 mod checkpoint;
+mod dashboard;
 mod demo;
 mod faults;
 mod golden;
