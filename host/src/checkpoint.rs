@@ -31,7 +31,8 @@
 //! change: older builds ignore it, and it is created on open.
 //!
 //! A shape is a MessagePack map (`schema`, `table`, `replica_identity`,
-//! `columns`: `name`, `type_oid`, `type_name`, `type_modifier`, `key`): the
+//! `columns`: `name`, `type_oid`, `type_name`, `type_modifier`, `key`;
+//! `from_snapshot`): the
 //! table's shape as the stream last described it up to the pipeline's
 //! checkpoint, written in the checkpoint's commit (`docs/schema.md`).
 //! `relation_shapes` was added without a format change, like
@@ -403,16 +404,20 @@ impl Store {
         pipeline: &str,
         offset: Offset,
         progress: &[SnapshotProgress],
-        shapes: &[Arc<Relation>],
+        shapes: &[(Arc<Relation>, bool)],
     ) -> Result<(), CheckpointError> {
         self.write_offset(pipeline, offset, false, progress, shapes)
     }
 
-    /// The table shapes kept for `pipeline`. A shape that does not read
+    /// The table shapes kept for `pipeline`, each with whether it was a
+    /// snapshot's description (`source/shapes.rs`). A shape that does not read
     /// (a damaged entry) is left out with a warning: the table's next
     /// change is then compared with nothing, and no schema change is
     /// reported for it.
-    pub(crate) fn relation_shapes(&self, pipeline: &str) -> Result<Vec<Relation>, CheckpointError> {
+    pub(crate) fn relation_shapes(
+        &self,
+        pipeline: &str,
+    ) -> Result<Vec<(Relation, bool)>, CheckpointError> {
         let txn = self.db()?.begin_read().map_err(|e| self.storage(e))?;
         let table = txn
             .open_table(RELATION_SHAPES)
@@ -446,7 +451,7 @@ impl Store {
         offset: Offset,
         reset: bool,
         progress: &[SnapshotProgress],
-        shapes: &[Arc<Relation>],
+        shapes: &[(Arc<Relation>, bool)],
     ) -> Result<(), CheckpointError> {
         let txn = self.db()?.begin_write().map_err(|e| self.storage(e))?;
         if !progress.is_empty() {
@@ -456,8 +461,8 @@ impl Store {
             let mut table = txn
                 .open_table(RELATION_SHAPES)
                 .map_err(|e| self.storage(e))?;
-            for relation in shapes {
-                let bytes = rmp_serde::to_vec_named(&StoredShape::of(relation))
+            for (relation, from_snapshot) in shapes {
+                let bytes = rmp_serde::to_vec_named(&StoredShape::of(relation, *from_snapshot))
                     .map_err(|e| self.storage(e))?;
                 table
                     .insert((pipeline, relation.oid), bytes.as_slice())
@@ -714,6 +719,10 @@ struct StoredShape {
     table: String,
     replica_identity: String,
     columns: Vec<StoredColumn>,
+    /// A snapshot's description (key flags and replica identity are not
+    /// the stream's); absent in shapes written before it existed.
+    #[serde(default)]
+    from_snapshot: bool,
 }
 
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -726,7 +735,7 @@ struct StoredColumn {
 }
 
 impl StoredShape {
-    fn of(relation: &Relation) -> StoredShape {
+    fn of(relation: &Relation, from_snapshot: bool) -> StoredShape {
         StoredShape {
             schema: relation.schema.clone(),
             table: relation.table.clone(),
@@ -742,13 +751,14 @@ impl StoredShape {
                     key: c.key,
                 })
                 .collect(),
+            from_snapshot,
         }
     }
 
     /// The relation, for comparing and for a schema change's `before` (its
     /// columns are never used to read values).
-    fn into_relation(self, oid: u32) -> Relation {
-        Relation {
+    fn into_relation(self, oid: u32) -> (Relation, bool) {
+        let relation = Relation {
             oid,
             schema: self.schema,
             table: self.table,
@@ -764,7 +774,8 @@ impl StoredShape {
                     column
                 })
                 .collect(),
-        }
+        };
+        (relation, self.from_snapshot)
     }
 }
 
@@ -1159,6 +1170,42 @@ mod tests {
             commit_time: 1,
             written_at: 0,
         }
+    }
+
+    #[test]
+    fn table_shapes_are_kept_with_the_checkpoint_per_pipeline() {
+        let dir = tempdir();
+        let path = dir.join("state.redb");
+        let mut id = Column::new("id", "int4", true);
+        id.type_oid = 23;
+        let mut note = Column::new("note", "varchar", false);
+        note.type_oid = 1043;
+        note.type_modifier = 24;
+        let relation = Arc::new(Relation {
+            oid: 16384,
+            schema: "public".into(),
+            table: "t".into(),
+            replica_identity: ReplicaIdentity::Full,
+            columns: vec![id, note],
+        });
+        {
+            let store = Store::open(&path).expect("create");
+            store
+                .commit_checkpoint("a", offset(10), &[], &[(relation.clone(), true)])
+                .expect("commit");
+        }
+        let store = Store::open(&path).expect("reopen");
+        assert!(store.relation_shapes("b").expect("read").is_empty());
+        let kept = store.relation_shapes("a").expect("read");
+        assert_eq!(kept.len(), 1);
+        let (shape, from_snapshot) = &kept[0];
+        assert!(from_snapshot);
+        assert!(shape.same_shape(&relation), "{shape:?}");
+        assert_eq!(shape.columns[1].sql_type(), "varchar(20)");
+        assert_eq!(
+            store.offset("a").expect("offset").map(|o| o.end_lsn),
+            Some(Lsn(10))
+        );
     }
 
     #[test]

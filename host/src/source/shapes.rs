@@ -28,43 +28,54 @@ use std::sync::{Arc, Mutex, PoisonError};
 use super::ddl::DDL_PREFIX;
 use crate::event::{Batch, Change, Lsn, Relation};
 
+/// Shapes shown for the first time, by the commit LSN of the transaction
+/// that showed them, each with whether it was a snapshot's description.
+type Pending = BTreeMap<Lsn, Vec<(Arc<Relation>, bool)>>;
+
 /// See the module documentation.
 #[derive(Debug, Default)]
 pub(crate) struct Shapes {
-    /// What the state file held when the pipeline started.
-    known: Vec<Arc<Relation>>,
+    /// What the state file held when the pipeline started, each with
+    /// whether it was a snapshot's description.
+    known: Vec<(Arc<Relation>, bool)>,
     /// Shapes first shown by the transaction committing at the key, not yet
     /// in a checkpoint.
-    pending: Mutex<BTreeMap<Lsn, Vec<Arc<Relation>>>>,
+    pending: Mutex<Pending>,
 }
 
 impl Shapes {
     /// Shapes starting from those the state file kept.
-    pub(crate) fn new(known: Vec<Relation>) -> Arc<Shapes> {
+    pub(crate) fn new(known: Vec<(Relation, bool)>) -> Arc<Shapes> {
         Arc::new(Shapes {
-            known: known.into_iter().map(Arc::new).collect(),
+            known: known
+                .into_iter()
+                .map(|(relation, from_snapshot)| (Arc::new(relation), from_snapshot))
+                .collect(),
             pending: Mutex::default(),
         })
     }
 
     /// The shapes the pipeline started from.
-    pub(crate) fn known(&self) -> &[Arc<Relation>] {
+    pub(crate) fn known(&self) -> &[(Arc<Relation>, bool)] {
         &self.known
     }
 
-    /// `relation` was shown downstream by the transaction committing at
-    /// `commit_lsn`.
-    pub(crate) fn shown(&self, commit_lsn: Lsn, relation: Arc<Relation>) {
-        self.lock().entry(commit_lsn).or_default().push(relation);
+    /// `relation` (a snapshot's description when `from_snapshot`) was
+    /// shown downstream by the transaction committing at `commit_lsn`.
+    pub(crate) fn shown(&self, commit_lsn: Lsn, relation: Arc<Relation>, from_snapshot: bool) {
+        self.lock()
+            .entry(commit_lsn)
+            .or_default()
+            .push((relation, from_snapshot));
     }
 
     /// The shapes to keep with a checkpoint at `end_lsn`: those shown by
     /// transactions that committed before it, the latest per table.
-    pub(crate) fn upto(&self, end_lsn: Lsn) -> Vec<Arc<Relation>> {
+    pub(crate) fn upto(&self, end_lsn: Lsn) -> Vec<(Arc<Relation>, bool)> {
         let pending = self.lock();
-        let mut latest: BTreeMap<u32, Arc<Relation>> = BTreeMap::new();
-        for relation in pending.range(..end_lsn).flat_map(|(_, r)| r) {
-            latest.insert(relation.oid, relation.clone());
+        let mut latest: BTreeMap<u32, (Arc<Relation>, bool)> = BTreeMap::new();
+        for (relation, from_snapshot) in pending.range(..end_lsn).flat_map(|(_, r)| r) {
+            latest.insert(relation.oid, (relation.clone(), *from_snapshot));
         }
         latest.into_values().collect()
     }
@@ -76,7 +87,7 @@ impl Shapes {
         *pending = rest;
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<Lsn, Vec<Arc<Relation>>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
         self.pending.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -121,12 +132,12 @@ impl Tracker {
     /// with `None`, from nothing and for this process only.
     pub(crate) fn new(shapes: Option<Arc<Shapes>>) -> Tracker {
         let mut shown = HashMap::new();
-        for relation in shapes.iter().flat_map(|s| s.known()) {
+        for (relation, from_snapshot) in shapes.iter().flat_map(|s| s.known()) {
             shown.insert(
                 relation.oid,
                 Shown {
                     relation: relation.clone(),
-                    from_snapshot: false,
+                    from_snapshot: *from_snapshot,
                     same: Vec::new(),
                 },
             );
@@ -213,7 +224,7 @@ impl Tracker {
                     same: Vec::new(),
                 },
             );
-            self.record(commit_lsn, relation);
+            self.record(commit_lsn, relation, snapshot);
             return None;
         };
         if Arc::ptr_eq(&shown.relation, relation)
@@ -228,10 +239,12 @@ impl Tracker {
         };
         if same {
             if shown.from_snapshot && !snapshot {
-                // The stream's own description replaces the copy's.
+                // The stream's own description replaces the copy's, here
+                // and in the state file.
                 shown.relation = relation.clone();
                 shown.from_snapshot = false;
                 shown.same.clear();
+                self.record(commit_lsn, relation, false);
             } else {
                 if shown.same.len() >= SAME_KEPT {
                     shown.same.remove(0);
@@ -243,7 +256,7 @@ impl Tracker {
         let before = std::mem::replace(&mut shown.relation, relation.clone());
         shown.from_snapshot = snapshot;
         shown.same.clear();
-        self.record(commit_lsn, relation);
+        self.record(commit_lsn, relation, snapshot);
         let mut ddl: Vec<String> = Vec::new();
         self.ddl.retain(|(oid, statement)| {
             if *oid != relation.oid {
@@ -263,9 +276,9 @@ impl Tracker {
         })
     }
 
-    fn record(&self, commit_lsn: Lsn, relation: &Arc<Relation>) {
+    fn record(&self, commit_lsn: Lsn, relation: &Arc<Relation>, from_snapshot: bool) {
         if let Some(shapes) = &self.shapes {
-            shapes.shown(commit_lsn, relation.clone());
+            shapes.shown(commit_lsn, relation.clone(), from_snapshot);
         }
     }
 
@@ -411,7 +424,7 @@ mod tests {
         let kept = shapes.upto(Lsn(301));
         assert_eq!(kept.len(), 1);
         assert_eq!(
-            kept[0].columns.len(),
+            kept[0].0.columns.len(),
             3,
             "the newest shape is the one to keep"
         );
@@ -420,7 +433,7 @@ mod tests {
     #[test]
     fn a_restart_compares_with_the_shapes_the_state_file_kept() {
         let kept = item(&[("id", "int4", true)]);
-        let mut tracker = Tracker::new(Some(Shapes::new(vec![(*kept).clone()])));
+        let mut tracker = Tracker::new(Some(Shapes::new(vec![((*kept).clone(), false)])));
         let altered = item(&[("id", "int4", true), ("note", "text", false)]);
         let mut first = batch(100, vec![insert(&altered)]);
         tracker.observe(&mut first);
@@ -487,29 +500,29 @@ mod tests {
     #[test]
     fn a_checkpoint_keeps_the_latest_shape_of_each_table_committed_before_it() {
         let shapes = Shapes::new(Vec::new());
-        shapes.shown(Lsn(10), relation(1, &["a"]));
-        shapes.shown(Lsn(20), relation(1, &["a", "b"]));
-        shapes.shown(Lsn(20), relation(2, &["x"]));
-        shapes.shown(Lsn(30), relation(1, &["a", "b", "c"]));
+        shapes.shown(Lsn(10), relation(1, &["a"]), false);
+        shapes.shown(Lsn(20), relation(1, &["a", "b"]), false);
+        shapes.shown(Lsn(20), relation(2, &["x"]), true);
+        shapes.shown(Lsn(30), relation(1, &["a", "b", "c"]), false);
         // A checkpoint at 20 is the end of a transaction that committed
         // before 20: the one at 20 is not in it.
         let upto: Vec<usize> = shapes
             .upto(Lsn(20))
             .iter()
-            .map(|r| r.columns.len())
+            .map(|(r, _)| r.columns.len())
             .collect();
         assert_eq!(upto, [1]);
-        let upto: Vec<(u32, usize)> = shapes
+        let upto: Vec<(u32, usize, bool)> = shapes
             .upto(Lsn(25))
             .iter()
-            .map(|r| (r.oid, r.columns.len()))
+            .map(|(r, snapshot)| (r.oid, r.columns.len(), *snapshot))
             .collect();
-        assert_eq!(upto, [(1, 2), (2, 1)]);
+        assert_eq!(upto, [(1, 2, false), (2, 1, true)]);
         shapes.committed(Lsn(25));
         let rest: Vec<usize> = shapes
             .upto(Lsn(100))
             .iter()
-            .map(|r| r.columns.len())
+            .map(|(r, _)| r.columns.len())
             .collect();
         assert_eq!(rest, [3], "only what the checkpoint did not cover is left");
     }

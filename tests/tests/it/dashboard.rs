@@ -5,14 +5,12 @@
 //! rolls a module back and replays a dead letter, each through the API.
 //! A screenshot is kept in `target/test-artifacts/dashboard.png`.
 
-use std::time::{Duration, Instant};
-
 use datum_tests::browser::Browser;
 use datum_tests::{cluster, connect, example_wasm, example_wasm_path, free_port, workspace_root};
 use serde_json::json;
 
 use crate::admin::{Admin, TOKEN};
-use crate::run::{Host, lines, temp_dir, toml_string};
+use crate::run::{Host, temp_dir, toml_string};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_shows_a_pipeline_and_acts_only_with_the_token() {
@@ -226,22 +224,9 @@ config = {{ tag = "v0" }}
         "{body}"
     );
     // The replayed row went through the rolled-back module into the sink.
-    let out = dir.join("out.jsonl");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let replayed = lines(&out)
-            .iter()
-            .any(|l| l["new"]["id"] == 3 && l["new"]["tag"] == "v0");
-        if replayed {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "row 3 not in the sink\n{}",
-            host.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    crate::run::wait_for_line(&dir.join("out.jsonl"), &host, |l| {
+        l["new"]["id"] == 3 && l["new"]["tag"] == "v0"
+    });
     browser.close().await;
     let _ = std::fs::remove_dir_all(&dir);
 }

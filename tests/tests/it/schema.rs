@@ -12,7 +12,7 @@ use datum_tests::{cluster, connect, example_wasm_path, free_port};
 use serde_json::Value as Json;
 
 use crate::run::{Host, temp_dir, toml_string};
-use crate::snapshot::{TOKEN, config, two_databases, wait_equal};
+use crate::snapshot::{config, status, two_databases, wait_equal};
 
 /// A host configuration: pipeline `p` streams `public.t` of `url` into
 /// the file `dir/out.jsonl`, with the state file in `dir`; `extra` lines
@@ -251,18 +251,6 @@ async fn each_schema_change_arrives_before_the_first_row_of_its_new_shape() {
     // object.
     assert_eq!(messages, 5, "one message per DDL command");
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// Status of pipeline `p`.
-async fn status(port: u16) -> Option<Json> {
-    let response = reqwest::Client::new()
-        .get(format!("http://127.0.0.1:{port}/v1/pipelines/p"))
-        .bearer_auth(TOKEN)
-        .timeout(Duration::from_secs(5))
-        .send()
-        .await
-        .ok()?;
-    serde_json::from_str(&response.text().await.ok()?).ok()
 }
 
 /// Databases `src` and `dst`, each with table `t` made by `create`, and a

@@ -47,7 +47,8 @@ sink = {{ type = "postgres", url = {dst} }}
     )
 }
 
-async fn status(port: u16) -> Option<Json> {
+/// Status of pipeline `p`, when the admin API answers.
+pub(crate) async fn status(port: u16) -> Option<Json> {
     let response = reqwest::Client::new()
         .get(format!("http://127.0.0.1:{port}/v1/pipelines/p"))
         .bearer_auth(TOKEN)
