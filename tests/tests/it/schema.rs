@@ -69,7 +69,8 @@ fn row_columns(row: &Json) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Every shape change reaches the file sink as a `schema` change before
+/// Every shape change (a column added, dropped, renamed, retyped; the
+/// replica identity) reaches the file sink as a `schema` change before
 /// the first row of the new shape — through a module built with the SDK,
 /// which passes it on — whether the DDL ran between the writer's
 /// transactions or inside one of its own, each with the statement that
@@ -132,6 +133,11 @@ async fn each_schema_change_arrives_before_the_first_row_of_its_new_shape() {
         .batch_execute("ALTER TABLE t ALTER COLUMN v TYPE bigint")
         .await
         .expect("retype");
+    pause().await;
+    client
+        .batch_execute("ALTER TABLE t REPLICA IDENTITY FULL")
+        .await
+        .expect("replica identity");
     pause().await;
     let _ = stop.send(true);
     let next = writer.await.expect("writer");
@@ -201,11 +207,28 @@ async fn each_schema_change_arrives_before_the_first_row_of_its_new_shape() {
             vec!["id", "v", "extra"],
             vec!["id", "v", "label"],
             vec!["id", "v", "label"],
+            vec!["id", "v", "label"],
         ],
         "{events:#?}"
     );
     let retyped = &events[3]["after"]["columns"][1];
     assert_eq!(retyped["type"], "int8", "{retyped}");
+    // REPLICA IDENTITY FULL: every column is part of the identity now.
+    let identity = &events[4];
+    assert_eq!(
+        (
+            identity["before"]["replica_identity"].as_str(),
+            identity["after"]["replica_identity"].as_str()
+        ),
+        (Some("default"), Some("full")),
+        "{identity}"
+    );
+    assert!(
+        identity["after"]["columns"]
+            .as_array()
+            .is_some_and(|c| c.iter().all(|c| c["key"] == true)),
+        "{identity}"
+    );
     let ddl: Vec<String> = events
         .iter()
         .map(|e| {
@@ -225,6 +248,7 @@ async fn each_schema_change_arrives_before_the_first_row_of_its_new_shape() {
         "DROP COLUMN note",
         "RENAME COLUMN extra TO label",
         "TYPE bigint",
+        "REPLICA IDENTITY FULL",
     ]) {
         assert!(statement.contains(wanted), "{ddl:#?}");
     }
@@ -249,7 +273,7 @@ async fn each_schema_change_arrives_before_the_first_row_of_its_new_shape() {
         .count();
     // One per command: the DROP COLUMN is an ALTER TABLE and a dropped
     // object.
-    assert_eq!(messages, 5, "one message per DDL command");
+    assert_eq!(messages, 6, "one message per DDL command");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
