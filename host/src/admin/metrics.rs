@@ -205,7 +205,7 @@ pub(crate) fn render(pipelines: &[Arc<PipelineControl>], store: &Store) -> Strin
     );
 
     type Counter = fn(&PipelineControl) -> u64;
-    let counters: [(&str, &str, Counter); 10] = [
+    let counters: [(&str, &str, Counter); 11] = [
         ("datum_batches_in_total", "Batches from the source.", |p| {
             p.source_stats.batches.load(Relaxed)
         }),
@@ -239,6 +239,11 @@ pub(crate) fn render(pipelines: &[Arc<PipelineControl>], store: &Store) -> Strin
             "datum_dead_letters_total",
             "Batches stored as dead letters.",
             |p| p.stats.dead_letters.load(Relaxed),
+        ),
+        (
+            "datum_schema_changes_total",
+            "Schema changes put in the stream: a table's shape changed.",
+            |p| p.stats.schema_changes.load(Relaxed),
         ),
         (
             "datum_skipped_total",

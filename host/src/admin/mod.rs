@@ -757,6 +757,7 @@ pub(crate) fn status(control: &PipelineControl, store: &Store) -> Json {
             "skipped": stats.skipped.load(Relaxed),
             "dead_letters": stats.dead_letters.load(Relaxed),
             "sink_retries": stats.sink_retries.load(Relaxed),
+            "schema_changes": stats.schema_changes.load(Relaxed),
         },
         "modules": control.chain.info(),
         "snapshots": snapshots,

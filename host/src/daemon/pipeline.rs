@@ -197,6 +197,8 @@ pub struct PipelineStats {
     pub dead_letters: AtomicU64,
     /// Sink writes retried.
     pub sink_retries: AtomicU64,
+    /// Schema changes put in the stream (`source/shapes.rs`).
+    pub schema_changes: AtomicU64,
     /// Time spent in the modules, µs.
     pub transform_micros: AtomicU64,
     /// Batches by time spent in the modules: `TRANSFORM_BUCKETS[i]` µs or
@@ -1068,7 +1070,12 @@ fn spawn_transforms(
                     // schema change before each table's first change of a
                     // new shape (`source/shapes.rs`).
                     snapshots.observe(&mut batch);
-                    shapes.observe(&mut batch);
+                    let announced = shapes.observe(&mut batch);
+                    if announced > 0 {
+                        counters
+                            .schema_changes
+                            .fetch_add(announced as u64, Ordering::Relaxed);
+                    }
                     between = batch.txn.last;
                     if batch.txn.last {
                         boundary = crate::event::Lsn(batch.txn.end_lsn);

@@ -150,8 +150,9 @@ impl Tracker {
     }
 
     /// Puts a `schema` change before each change of `batch` whose table's
-    /// shape differs from the one shown before, and notes captured DDL.
-    pub(crate) fn observe(&mut self, batch: &mut Batch) {
+    /// shape differs from the one shown before, and notes captured DDL; how
+    /// many schema changes it put in.
+    pub(crate) fn observe(&mut self, batch: &mut Batch) -> usize {
         let commit_lsn = Lsn(batch.txn.commit_lsn);
         let mut inserted: Vec<(usize, Change)> = Vec::new();
         for (index, change) in batch.changes.iter().enumerate() {
@@ -185,8 +186,9 @@ impl Tracker {
             }
         }
         if inserted.is_empty() {
-            return;
+            return 0;
         }
+        let announced = inserted.len();
         let changes = std::mem::take(&mut batch.changes);
         let mut out = Vec::with_capacity(changes.len() + inserted.len());
         let mut inserted = inserted.into_iter().peekable();
@@ -198,6 +200,7 @@ impl Tracker {
             out.push(change);
         }
         batch.changes = out;
+        announced
     }
 
     /// A schema change when `relation` is not the shape shown before.

@@ -367,7 +367,9 @@ async fn with_apply_the_target_follows_an_added_column_and_a_widened_type() {
     assert_eq!(note, "character varying(40)");
     let log = host.log();
     assert!(log.contains("changing the target table"), "{log}");
-    assert_eq!(status(port).await.expect("status")["state"], "running");
+    let status = status(port).await.expect("status");
+    assert_eq!(status["state"], "running");
+    assert_eq!(status["totals"]["schema_changes"], 2, "{status}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
