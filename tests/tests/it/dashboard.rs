@@ -174,6 +174,50 @@ config = {{ tag = "v0" }}
         )
         .await;
     let id = letter.as_str().unwrap_or_default().to_owned();
+    // The failure is the pipeline's last error on the page.
+    let last_error = browser
+        .wait_for(
+            "the last error",
+            "const e = document.querySelector('[data-pipeline=\"p\"] > .last-error'); \
+             return e && e.textContent",
+            30,
+        )
+        .await;
+    assert!(
+        last_error
+            .as_str()
+            .unwrap_or_default()
+            .contains("boom on id 3"),
+        "{last_error}"
+    );
+    // A second failure of the same row, discarded from the page.
+    client
+        .batch_execute("UPDATE t SET tag = 'again' WHERE id = 3")
+        .await
+        .expect("update");
+    let second = browser
+        .wait_for(
+            "a second dead letter",
+            "const r = document.querySelectorAll('tr[data-dead-letter]'); \
+             return r.length === 2 && r[1].getAttribute('data-dead-letter')",
+            30,
+        )
+        .await;
+    let second = second.as_str().unwrap_or_default().to_owned();
+    browser
+        .eval(
+            "window.confirm = () => true; \
+             document.querySelector(`tr[data-dead-letter=\"${arguments[0]}\"] button.discard`).click();",
+            vec![json!(second)],
+        )
+        .await;
+    browser
+        .wait_for(
+            "the discarded dead letter gone",
+            "return document.querySelectorAll('tr[data-dead-letter]').length === 1",
+            30,
+        )
+        .await;
     browser
         .eval(
             "document.querySelector('tr[data-dead-letter] button.show').click();",
