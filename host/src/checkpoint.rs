@@ -384,21 +384,12 @@ impl Store {
         self.write_offset(pipeline, offset, false, &[], &[])
     }
 
-    /// Durably records where `pipeline` resumes together with the snapshot
-    /// progress that is consistent with that position, in one commit: a
-    /// crash keeps both or neither (`docs/snapshots.md`). The progress is
-    /// written even when the offset does not move.
-    pub(crate) fn commit_offset_with(
-        &self,
-        pipeline: &str,
-        offset: Offset,
-        progress: &[SnapshotProgress],
-    ) -> Result<(), CheckpointError> {
-        self.write_offset(pipeline, offset, false, progress, &[])
-    }
-
-    /// Like [`Store::commit_offset_with`], with the table shapes the stream
-    /// described up to that position (`source/shapes.rs`).
+    /// Durably records where `pipeline` resumes together with what is
+    /// consistent with that position, in one commit: a crash keeps all or
+    /// nothing (`docs/snapshots.md`, `docs/schema.md`). `progress` is the
+    /// snapshot progress, `shapes` the table shapes the stream described up
+    /// to it (`source/shapes.rs`); both are written even when the offset
+    /// does not move.
     pub(crate) fn commit_checkpoint(
         &self,
         pipeline: &str,

@@ -904,7 +904,7 @@ async fn prepare_source(
                     SnapshotMode::Never => Vec::new(),
                 };
                 store
-                    .commit_offset_with(&config.name, Offset::default(), &request)
+                    .commit_checkpoint(&config.name, Offset::default(), &request, &[])
                     .map_err(|err| SourceError::Requirement {
                         problem: format!("cannot record the new slot in the state file: {err}"),
                         fix: "make the state file writable (free space, permissions), then start again"

@@ -718,31 +718,23 @@ async fn check_tests_what_run_needs_to_create_the_publication_and_copy_rows() {
     );
     // DDL capture asked for: only a superuser can install its trigger, and
     // the check says what to run.
-    let ddl = datum::check_source(
-        &as_shipper,
-        &datum::CheckTarget {
+    let capture_report = |url: String| async move {
+        let target = datum::CheckTarget {
             capture_ddl: true,
             ..Default::default()
-        },
-    )
-    .await
-    .expect("report")
-    .to_string();
+        };
+        datum::check_source(&url, &target)
+            .await
+            .expect("report")
+            .to_string()
+    };
+    let ddl = capture_report(as_shipper.clone()).await;
     assert!(
         ddl.contains("[FAIL] DDL capture: source.capture_ddl needs an event trigger")
             && ddl.contains("CREATE EVENT TRIGGER datum_capture_ddl ON ddl_command_end"),
         "{ddl}"
     );
-    let as_superuser = datum::check_source(
-        &pg.conninfo("postgres"),
-        &datum::CheckTarget {
-            capture_ddl: true,
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("report")
-    .to_string();
+    let as_superuser = capture_report(pg.conninfo("postgres")).await;
     assert!(
         as_superuser.contains("[pass] DDL capture: this role will install the event trigger"),
         "{as_superuser}"
