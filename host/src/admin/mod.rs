@@ -10,6 +10,7 @@
 //! belongs elsewhere: [`crate::daemon::PipelineControl`] pauses and resumes,
 //! `crate::daemon::hotswap` swaps, the state file stores.
 
+mod canary;
 mod dashboard;
 pub(crate) mod metrics;
 pub(crate) mod openapi;
@@ -117,6 +118,7 @@ impl From<SwapError> for ApiError {
                 e.to_string(),
             ),
             SwapError::NotFound(m) => ApiError::not_found(m),
+            SwapError::Conflict(m) => ApiError::new(StatusCode::CONFLICT, "conflict", m),
             SwapError::State(e) => ApiError::internal(e.to_string()),
             SwapError::Internal(m) => ApiError::internal(m),
         }
@@ -504,6 +506,20 @@ fn router(app: Arc<App>, max_upload: usize) -> Router {
             post(rollback),
         )
         .route(
+            "/v1/pipelines/{pipeline}/modules/{module}/canary",
+            post(canary::start).layer(DefaultBodyLimit::max(max_upload)),
+        )
+        .route("/v1/pipelines/{pipeline}/canary", get(canary::show))
+        .route(
+            "/v1/pipelines/{pipeline}/canary/differences/{index}",
+            get(canary::difference),
+        )
+        .route(
+            "/v1/pipelines/{pipeline}/canary/promote",
+            post(canary::promote),
+        )
+        .route("/v1/pipelines/{pipeline}/canary/abort", post(canary::abort))
+        .route(
             "/v1/pipelines/{pipeline}/dead-letters",
             get(list_dead_letters),
         )
@@ -760,6 +776,7 @@ pub(crate) fn status(control: &PipelineControl, store: &Store) -> Json {
             "schema_changes": stats.schema_changes.load(Relaxed),
         },
         "modules": control.chain.info(),
+        "canary": control.chain.canary().report(false),
         "snapshots": snapshots,
         "last_error": last_error,
         "state_file": state_file(store),
@@ -1134,24 +1151,41 @@ async fn read_upload(app: &Arc<App>, request: Request) -> Result<Upload, ApiErro
     }
 }
 
-fn flag(query: Option<&str>, name: &str) -> Result<bool, ApiError> {
-    let mut on = false;
+/// The query's `key=value` pairs (a bare `key` is `key=true`), each key one
+/// of `known`.
+fn query_pairs<'q>(
+    query: Option<&'q str>,
+    known: &[&str],
+) -> Result<Vec<(&'q str, &'q str)>, ApiError> {
+    let mut pairs = Vec::new();
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, "true"));
-        if key != name {
+        if !known.contains(&key) {
             return Err(ApiError::bad_request(format!(
-                "unknown query parameter `{key}`"
+                "unknown query parameter `{key}` (known: {})",
+                known.join(", ")
             )));
         }
-        on = match value {
-            "true" | "1" => true,
-            "false" | "0" => false,
-            other => {
-                return Err(ApiError::bad_request(format!(
-                    "{name}={other}: use true or false"
-                )));
-            }
-        };
+        pairs.push((key, value));
+    }
+    Ok(pairs)
+}
+
+/// A query parameter's value as a boolean.
+fn boolean(name: &str, value: &str) -> Result<bool, ApiError> {
+    match value {
+        "true" | "1" => Ok(true),
+        "false" | "0" => Ok(false),
+        other => Err(ApiError::bad_request(format!(
+            "{name}={other}: use true or false"
+        ))),
+    }
+}
+
+fn flag(query: Option<&str>, name: &str) -> Result<bool, ApiError> {
+    let mut on = false;
+    for (key, value) in query_pairs(query, &[name])? {
+        on = boolean(key, value)?;
     }
     Ok(on)
 }
@@ -1235,6 +1269,36 @@ fn write_new(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
         .write_all(bytes)
 }
 
+/// Compiles an upload's module as a version of `slot`'s transform (with the
+/// active version's configuration unless it brings one), lets `datum_init`
+/// vet the configuration, and runs the fixtures it brings.
+async fn vet(
+    engine: crate::transform::Engine,
+    slot: hotswap::Slot,
+    upload: Upload,
+) -> Result<hotswap::Candidate, ApiError> {
+    let wasm = upload.wasm.unwrap_or_default();
+    let config = upload.config.unwrap_or_else(|| slot.config.clone());
+    let fixtures = upload.fixtures;
+    let candidate = tokio::task::spawn_blocking(move || {
+        let module = hotswap::compile(&engine, &slot.name, &wasm, &config, slot.limits)?;
+        let passed = if fixtures.is_empty() {
+            0
+        } else {
+            run_fixtures(&wasm, &config, &fixtures)?
+        };
+        Ok::<_, SwapError>(hotswap::Candidate {
+            wasm,
+            config,
+            module,
+            fixtures: passed,
+        })
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))??;
+    Ok(candidate)
+}
+
 async fn upload(
     State(app): State<Arc<App>>,
     Path((pipeline, module)): Path<(String, String)>,
@@ -1248,39 +1312,20 @@ async fn upload(
     let control = app.pipeline(&pipeline)?.clone();
     let slot = find_slot(&control, &pipeline, &module)?;
     let upload = read_upload(&app, request).await?;
-    let wasm = upload.wasm.unwrap_or_default();
-    let config = upload.config.unwrap_or_else(|| slot.config.clone());
-    let fixtures = upload.fixtures;
     let store = app.host.store.clone();
     let engine = app.host.engine.clone();
     // The work runs in a task of its own, so a request that times out does
     // not leave a swap half done.
     let work = tokio::spawn(async move {
-        let (wasm, config, compiled, passed) = tokio::task::spawn_blocking(move || {
-            let compiled = hotswap::compile(&engine, &slot.name, &wasm, &config, slot.limits)?;
-            let passed = if fixtures.is_empty() {
-                0
-            } else {
-                run_fixtures(&wasm, &config, &fixtures)?
-            };
-            Ok::<_, SwapError>((wasm, config, compiled, passed))
-        })
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
+        let candidate = vet(engine, slot, upload).await?;
         if dry_run {
             return ok(json!({
                 "module": module,
-                "sha256": compiled.sha256(),
-                "fixtures": passed,
+                "sha256": candidate.module.sha256(),
+                "fixtures": candidate.fixtures,
                 "dry_run": true,
             }));
         }
-        let candidate = hotswap::Candidate {
-            wasm,
-            config,
-            module: compiled,
-            fixtures: passed,
-        };
         let swapped = hotswap::swap(&store, &control.chain, &pipeline, &module, candidate).await?;
         Ok(reply(
             StatusCode::CREATED,

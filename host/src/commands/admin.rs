@@ -138,6 +138,9 @@ pub enum Request {
         fixtures: Option<PathBuf>,
         /// Check only: nothing is stored or activated.
         dry_run: bool,
+        /// Run it as a canary beside the active version instead of
+        /// activating it.
+        canary: Option<CanaryStart>,
     },
     /// `rollback PIPELINE MODULE [--to N]`.
     Rollback {
@@ -149,6 +152,13 @@ pub enum Request {
         /// current one.
         to: Option<u64>,
     },
+    /// `canary PIPELINE [show [--record DIR] | promote | abort]`.
+    Canary {
+        /// The pipeline.
+        pipeline: String,
+        /// What to do with its canary.
+        action: CanaryAction,
+    },
     /// `dead-letters PIPELINE [list | show ID | replay ID | discard ID]`.
     DeadLetters {
         /// The pipeline.
@@ -156,6 +166,29 @@ pub enum Request {
         /// What to do with them.
         action: DeadLetterAction,
     },
+}
+
+/// How a canary started by `swap --canary` ends by itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CanaryStart {
+    /// Promote it after this many batches compared with no difference.
+    pub promote_after: Option<u64>,
+    /// Stop it at the first difference.
+    pub stop_on_difference: bool,
+    /// Differences to keep (the host's default when None).
+    pub keep: Option<u64>,
+}
+
+/// What `canary` does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CanaryAction {
+    /// Print the report; with a directory, also write each kept
+    /// difference there as a fixture.
+    Show(Option<PathBuf>),
+    /// Make the canary the active version.
+    Promote,
+    /// Stop it.
+    Abort,
 }
 
 /// What `dead-letters` does.
@@ -258,11 +291,22 @@ pub(crate) async fn run(args: &Args) -> Result<String, ClientError> {
     let call = prepare(&args.request)?;
     let client = Client::new(target)?;
     let body = client.call(call, args.json).await?;
-    if args.json {
-        Ok(pretty(&body))
+    let mut out = if args.json {
+        pretty(&body)
     } else {
-        Ok(render(&args.request, &body))
+        render(&args.request, &body)
+    };
+    if let Request::Canary {
+        pipeline,
+        action: CanaryAction::Show(Some(dir)),
+    } = &args.request
+    {
+        let recorded = super::canary::record(&client, pipeline, &body, dir).await?;
+        if !args.json {
+            out.push_str(&recorded);
+        }
     }
+    Ok(out)
 }
 
 // ---------------------------------------------------------------------------
@@ -468,8 +512,12 @@ fn prepare(request: &Request) -> Result<Call, ClientError> {
             config_file,
             fixtures,
             dry_run,
+            canary,
         } => {
-            let mut path = format!("{}/versions", module_path(pipeline, module)?);
+            let mut path = match canary {
+                Some(start) => super::canary::start_path(&module_path(pipeline, module)?, start),
+                None => format!("{}/versions", module_path(pipeline, module)?),
+            };
             if *dry_run {
                 path.push_str("?dry_run=true");
             }
@@ -513,6 +561,14 @@ fn prepare(request: &Request) -> Result<Call, ClientError> {
                 Some(("application/json".into(), body.to_string().into_bytes())),
             )
         }
+        Request::Canary { pipeline, action } => {
+            let base = format!("{}/canary", pipeline_path(pipeline)?);
+            match action {
+                CanaryAction::Show(_) => get(base),
+                CanaryAction::Promote => post(format!("{base}/promote"), None),
+                CanaryAction::Abort => post(format!("{base}/abort"), None),
+            }
+        }
         Request::DeadLetters { pipeline, action } => {
             let base = format!("{}/dead-letters", pipeline_path(pipeline)?);
             match action {
@@ -530,7 +586,7 @@ fn prepare(request: &Request) -> Result<Call, ClientError> {
     Ok(call)
 }
 
-fn pipeline_path(pipeline: &str) -> Result<String, ClientError> {
+pub(super) fn pipeline_path(pipeline: &str) -> Result<String, ClientError> {
     Ok(format!("/v1/pipelines/{}", segment(pipeline, "pipeline")?))
 }
 
@@ -772,6 +828,19 @@ impl Client {
         }
     }
 
+    /// GETs `path` (from `/v1` on); the body of a success.
+    pub(crate) async fn get(&self, path: String) -> Result<String, ClientError> {
+        self.call(
+            Call {
+                method: Method::GET,
+                path,
+                body: None,
+            },
+            false,
+        )
+        .await
+    }
+
     fn unreachable(&self, err: &reqwest::Error) -> ClientError {
         let (cause, hint) = if err.is_timeout() {
             (
@@ -914,7 +983,14 @@ pub(crate) fn render(request: &Request, body: &str) -> String {
                 .join("\n"),
             None => render_module(answer),
         },
+        Request::Swap {
+            canary: Some(_), ..
+        } => super::canary::render(answer),
         Request::Swap { .. } | Request::Rollback { .. } => render_activation(answer),
+        Request::Canary { action, .. } => match action {
+            CanaryAction::Show(_) | CanaryAction::Abort => super::canary::render(answer),
+            CanaryAction::Promote => render_activation(answer),
+        },
         Request::DeadLetters { pipeline, action } => match action {
             DeadLetterAction::List => render_dead_letters(pipeline, answer),
             // The batch as it came, its keys in order: it can be saved as
@@ -1203,7 +1279,7 @@ fn table(rows: &[Vec<String>], indent: &str) -> String {
 }
 
 /// A field as text: strings without quotes, `?` when missing.
-fn field(value: &Value, path: &[&str]) -> String {
+pub(super) fn field(value: &Value, path: &[&str]) -> String {
     let mut value = value;
     for key in path {
         match value.get(key) {
@@ -1219,7 +1295,7 @@ fn field(value: &Value, path: &[&str]) -> String {
 }
 
 /// The first characters of a digest.
-fn short_sha(sha: Option<&Value>) -> String {
+pub(super) fn short_sha(sha: Option<&Value>) -> String {
     match sha.and_then(Value::as_str) {
         Some(sha) => sha.chars().take(SHORT_SHA).collect(),
         None => "?".into(),
@@ -1383,6 +1459,7 @@ mod tests {
             config_file: Some(dir.join("cfg.toml")),
             fixtures: Some(dir.join("fixtures")),
             dry_run: true,
+            canary: None,
         })
         .expect("prepares");
         std::fs::remove_dir_all(&dir).unwrap();

@@ -246,6 +246,39 @@ pub enum AdminCommand {
         /// Check the module (and fixtures) only: store and activate nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Run it as a canary beside the active version, on every live
+        /// batch, its output compared and discarded; follow it with `datum
+        /// admin canary PIPELINE`, then promote or abort it.
+        #[arg(long, conflicts_with = "dry_run")]
+        canary: bool,
+        /// With --canary: promote it after N batches compared with no
+        /// difference and no failure.
+        #[arg(long, value_name = "N", requires = "canary")]
+        promote_after: Option<u64>,
+        /// With --canary: stop it at the first difference (a failure
+        /// always stops it).
+        #[arg(long, requires = "canary")]
+        stop_on_difference: bool,
+        /// With --canary: how many differences to keep with their diff and
+        /// fixture [default: 10, at most 100].
+        #[arg(long, value_name = "N", requires = "canary")]
+        keep: Option<u64>,
+    },
+    /// A pipeline's canary: `show` its report (batches compared, equal and
+    /// different, failures, CPU time, the first differences as diffs), or
+    /// `promote` it (it becomes the active version at the next transaction
+    /// boundary), or `abort` it.
+    Canary {
+        /// The pipeline.
+        pipeline: String,
+        /// What to do.
+        #[arg(value_enum, default_value_t = CanaryVerb::Show)]
+        action: CanaryVerb,
+        /// With show: also write each kept difference into DIR as a fixture
+        /// (the input, and the canary's output as NAME.expected.json) for
+        /// `datum test`.
+        #[arg(long, value_name = "DIR")]
+        record: Option<PathBuf>,
     },
     /// Re-activate an earlier version of a transform.
     Rollback {
@@ -272,6 +305,17 @@ pub enum AdminCommand {
     },
 }
 
+/// What `datum admin canary` does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CanaryVerb {
+    /// Print the canary's report.
+    Show,
+    /// Make the canary the transform's active version.
+    Promote,
+    /// Stop the canary; the active version stays.
+    Abort,
+}
+
 /// What `datum admin dead-letters` does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DeadLetterVerb {
@@ -291,7 +335,7 @@ pub enum DeadLetterVerb {
 impl AdminCommand {
     /// The library's request; an error for arguments clap cannot rule out.
     pub fn into_request(self) -> Result<super::admin::Request, String> {
-        use super::admin::{DeadLetterAction, Request};
+        use super::admin::{CanaryAction, CanaryStart, DeadLetterAction, Request};
         Ok(match self {
             AdminCommand::Status { pipeline } => Request::Status { pipeline },
             AdminCommand::Pause { pipeline } => Request::Pause { pipeline },
@@ -313,6 +357,10 @@ impl AdminCommand {
                 config_file,
                 fixtures,
                 dry_run,
+                canary,
+                promote_after,
+                stop_on_difference,
+                keep,
             } => Request::Swap {
                 pipeline,
                 module,
@@ -320,6 +368,27 @@ impl AdminCommand {
                 config_file,
                 fixtures,
                 dry_run,
+                canary: canary.then_some(CanaryStart {
+                    promote_after,
+                    stop_on_difference,
+                    keep,
+                }),
+            },
+            AdminCommand::Canary {
+                pipeline,
+                action,
+                record,
+            } => Request::Canary {
+                pipeline,
+                action: match (action, record) {
+                    (CanaryVerb::Show, record) => CanaryAction::Show(record),
+                    (CanaryVerb::Promote, None) => CanaryAction::Promote,
+                    (CanaryVerb::Abort, None) => CanaryAction::Abort,
+                    (_, Some(_)) => {
+                        return Err("--record goes with show: `datum admin canary PIPELINE                                     --record DIR`"
+                            .into());
+                    }
+                },
             },
             AdminCommand::Rollback {
                 pipeline,

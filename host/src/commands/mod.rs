@@ -5,6 +5,7 @@
 //! ended; `main` maps that to the exit code, once.
 
 pub(crate) mod admin;
+pub(crate) mod canary;
 pub(crate) mod check;
 pub(crate) mod cli;
 pub(crate) mod demo;

@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{Notify, oneshot};
 
+use super::canary::Canary;
 use crate::checkpoint::{Activation, CheckpointError, ModuleVersion, Store};
 use crate::event::Lsn;
 use crate::transform::{Chain, Engine, Limits, Module, TransformError};
@@ -64,6 +65,7 @@ pub struct SlotInfo {
 pub struct ActiveChain {
     state: Mutex<ChainState>,
     wake: Notify,
+    canary: Canary,
 }
 
 #[derive(Debug)]
@@ -95,7 +97,13 @@ impl ActiveChain {
                 waiters: Vec::new(),
             }),
             wake: Notify::new(),
+            canary: Canary::default(),
         })
+    }
+
+    /// The pipeline's canary (`canary.rs`).
+    pub fn canary(&self) -> &Canary {
+        &self.canary
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ChainState> {
@@ -250,6 +258,10 @@ pub(crate) enum SwapError {
     /// No such transform, or no such version.
     #[error("{0}")]
     NotFound(String),
+    /// What was asked does not fit the state it found (a canary already
+    /// running, or none to promote).
+    #[error("{0}")]
+    Conflict(String),
     /// The state file.
     #[error(transparent)]
     State(#[from] CheckpointError),
@@ -472,8 +484,10 @@ fn previous_version(activations: &[Activation], current: u64) -> Option<u64> {
         .find(|v| *v != current)
 }
 
+/// Publishes `module` as `version` of `slot`'s transform and records the
+/// activation; a canary's promotion comes this way too.
 #[allow(clippy::too_many_arguments)]
-async fn activate(
+pub(crate) async fn activate(
     store: &Arc<Store>,
     chain: &ActiveChain,
     pipeline: &str,

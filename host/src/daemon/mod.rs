@@ -12,6 +12,7 @@
 //! feedback coordinator only through [`crate::source::Positions`], the
 //! state file stores what it is given, and sinks and modules see batches.
 
+pub(crate) mod canary;
 pub(crate) mod commit;
 pub(crate) mod feedback;
 pub(crate) mod hotswap;

@@ -36,6 +36,7 @@ use crate::channel;
 use crate::checkpoint::{ALL_TABLES, CheckpointError, Offset, SnapshotProgress, Store};
 use crate::config::OnError;
 use crate::config::SnapshotMode;
+use crate::daemon::canary::Tap;
 use crate::daemon::commit::{self, CommitPolicy};
 use crate::daemon::feedback::Feedback;
 use crate::daemon::hotswap::{ActiveChain, Slot};
@@ -1034,6 +1035,8 @@ fn spawn_transforms(
         .spawn(move || {
             let _entered = span.enter();
             let (mut chain, mut empty) = active.attach(resume_after);
+            // A canary of a new version is fed from here (`canary.rs`).
+            let mut tap = Tap::new(&chain);
             // The end LSN of the last whole transaction transformed, and
             // whether we are between transactions (not between chunks).
             let mut boundary = resume_after;
@@ -1055,16 +1058,22 @@ fn spawn_transforms(
                         if active.pending() {
                             chain = active.adopt(boundary);
                             empty = chain.modules().next().is_none();
+                            tap.adopted(&chain);
                         }
+                        tap.boundary(active.canary(), boundary);
                         continue;
                     }
                     Some(None) => break,
                     Some(Some(batch)) => batch,
                 };
                 loop {
-                    if between && active.pending() {
-                        chain = active.adopt(boundary);
-                        empty = chain.modules().next().is_none();
+                    if between {
+                        if active.pending() {
+                            chain = active.adopt(boundary);
+                            empty = chain.modules().next().is_none();
+                            tap.adopted(&chain);
+                        }
+                        tap.boundary(active.canary(), boundary);
                     }
                     // Watermarks out, a placed chunk's rows in; then a
                     // schema change before each table's first change of a
@@ -1086,7 +1095,12 @@ fn spawn_transforms(
                     } else {
                         let started = Instant::now();
                         let result = chain.run_ref(&batch);
-                        counters.observe_transform(started.elapsed().as_micros() as u64);
+                        let took = started.elapsed();
+                        counters.observe_transform(took.as_micros() as u64);
+                        if tap.feeding() {
+                            let output = result.as_deref().map_err(|_| ());
+                            tap.offer(&batch, output, took, bytes);
+                        }
                         match result {
                             Ok(items) => Staged::Ready(Transformed {
                                 source: batch,

@@ -503,6 +503,34 @@ pub(crate) fn compare(expected: &Expected, actual: &Actual) -> Option<String> {
     )
 }
 
+/// Whether two output changes are the same, compared as a golden case
+/// compares them (every column; JSON values as JSON).
+pub(crate) fn same_change(a: &WireChange, b: &WireChange) -> bool {
+    comparable(a, ColumnsForm::Full) == comparable(b, ColumnsForm::Full)
+}
+
+/// A unified diff from one output to another, in the form `datum test`
+/// prints; each side is `(label, changes)`.
+pub(crate) fn diff_outputs(from: (&str, &[WireChange]), to: (&str, &[WireChange])) -> String {
+    let render = |changes: &[WireChange]| {
+        crate::event::ordered::to_pretty(&ChangesDoc {
+            changes: changes
+                .iter()
+                .map(|change| ChangeJson {
+                    change,
+                    columns: ColumnsForm::Auto,
+                })
+                .collect(),
+        })
+    };
+    let (left, right) = (render(from.1), render(to.1));
+    similar::TextDiff::from_lines(&left, &right)
+        .unified_diff()
+        .context_radius(4)
+        .header(from.0, to.0)
+        .to_string()
+}
+
 /// A change as compared: its JSON form, with JSON values compared as JSON
 /// (whitespace and key order do not matter, as in jsonb).
 fn comparable(change: &WireChange, columns: ColumnsForm) -> serde_json::Value {

@@ -49,7 +49,8 @@ impl Transformed {
     }
 }
 
-fn resolve<'a>(item: &'a Item, source: &'a Batch) -> ChangeRef<'a> {
+/// The change `item` stands for in a batch made from `source`.
+pub(crate) fn resolve<'a>(item: &'a Item, source: &'a Batch) -> ChangeRef<'a> {
     match item {
         Item::Source(i) => ChangeRef::Source(&source.changes[*i]),
         Item::Wire(change) => ChangeRef::Wire(change),
@@ -121,7 +122,13 @@ impl Chain {
         Ok(Transformed { source, items })
     }
 
-    fn run_on(&mut self, source: &Batch, mut items: Vec<Item>) -> Result<Vec<Item>, ChainError> {
+    /// Runs `items` (changes of `source`, or changes a module made) through
+    /// the modules, leaving the batch with the caller.
+    pub(crate) fn run_on(
+        &mut self,
+        source: &Batch,
+        mut items: Vec<Item>,
+    ) -> Result<Vec<Item>, ChainError> {
         let meta = CallMeta {
             commit_time: source.txn.commit_time,
             commit_lsn: source.txn.commit_lsn,

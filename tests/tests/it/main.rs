@@ -3,6 +3,7 @@
 //! `docs/testing.md` for why one per test rather than a shared one).
 
 mod admin;
+mod canary;
 mod checkpoint;
 mod dashboard;
 mod demo;

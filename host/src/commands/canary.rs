@@ -1,0 +1,253 @@
+//! `datum admin canary` and `datum admin swap --canary` (`docs/canary.md`):
+//! the canary's report as a reader wants it, and its differences written
+//! as fixtures for `datum test`.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use super::admin::{CanaryStart, Client, ClientError, field, pipeline_path, short_sha};
+use crate::event::ordered::to_pretty;
+
+/// The path (with its query) that starts a canary of a module.
+pub(crate) fn start_path(module_path: &str, start: &CanaryStart) -> String {
+    let mut query = Vec::new();
+    if let Some(n) = start.promote_after {
+        query.push(format!("promote_after={n}"));
+    }
+    if start.stop_on_difference {
+        query.push("stop_on_difference=true".to_owned());
+    }
+    if let Some(n) = start.keep {
+        query.push(format!("keep={n}"));
+    }
+    let mut path = format!("{module_path}/canary");
+    if !query.is_empty() {
+        path.push('?');
+        path.push_str(&query.join("&"));
+    }
+    path
+}
+
+/// The human summary of a canary report.
+pub(crate) fn render(report: &Value) -> String {
+    let f = |path: &[&str]| field(report, path);
+    let n = |path: &[&str]| {
+        let mut value = report;
+        for key in path {
+            value = match value.get(key) {
+                Some(next) => next,
+                None => return 0,
+            };
+        }
+        value.as_u64().unwrap_or(0)
+    };
+    let mut out = format!(
+        "canary of {} version {} (sha256 {}) beside version {}: {}\n",
+        f(&["module"]),
+        f(&["version"]),
+        short_sha(report.get("sha256")),
+        f(&["active_version"]),
+        f(&["state"])
+    );
+    if let Some(reason) = report.get("reason").and_then(Value::as_str) {
+        let _ = writeln!(out, "  why       {reason}");
+    }
+    match report.get("compared_after").and_then(Value::as_str) {
+        Some("0/0") => out.push_str("  from      the first transaction streamed\n"),
+        Some(lsn) => {
+            let _ = writeln!(out, "  from      the transaction after {lsn}");
+        }
+        None => out.push_str("  from      the next transaction boundary (none reached yet)\n"),
+    }
+    if let Some(lsn) = report.get("effective_after").and_then(Value::as_str) {
+        let _ = writeln!(out, "  promoted  in force after {lsn}");
+    }
+    let _ = writeln!(
+        out,
+        "  batches   {} compared: {} equal, {} different; {} not compared (the canary was \
+         behind), {} the active chain failed on",
+        n(&["batches", "compared"]),
+        n(&["batches", "equal"]),
+        n(&["batches", "different"]),
+        n(&["batches", "not_compared"]),
+        n(&["batches", "active_failed"])
+    );
+    let by_table = report
+        .pointer("/changes/different_by_table")
+        .and_then(Value::as_object)
+        .map(|tables| {
+            tables
+                .iter()
+                .map(|(t, n)| format!("{t} {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "  changes   {} compared, {} different{}",
+        n(&["changes", "compared"]),
+        n(&["changes", "different"]),
+        if by_table.is_empty() {
+            String::new()
+        } else {
+            format!(" ({by_table})")
+        }
+    );
+    match report.get("failure").filter(|f| !f.is_null()) {
+        Some(failure) => {
+            let _ = writeln!(
+                out,
+                "  failure   {} in module `{}` on transaction {} (commit {}): {}",
+                field(failure, &["kind"]),
+                field(failure, &["module"]),
+                field(failure, &["xid"]),
+                field(failure, &["commit_lsn"]),
+                field(failure, &["message"])
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+            );
+        }
+        None => out.push_str("  failures  none\n"),
+    }
+    let seconds = |name: &str| {
+        report
+            .pointer(&format!("/cpu/{name}"))
+            .and_then(Value::as_f64)
+            .unwrap_or(0.0)
+    };
+    let _ = writeln!(
+        out,
+        "  cpu       canary {:.3} s; the active chain took {:.3} s on the same batches",
+        seconds("canary_seconds"),
+        seconds("active_seconds")
+    );
+    for d in report
+        .get("differences")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+    {
+        let _ = writeln!(
+            out,
+            "\ndifference {}: transaction {} (commit {}, chunk {}), {} different in {}",
+            field(d, &["index"]),
+            field(d, &["xid"]),
+            field(d, &["commit_lsn"]),
+            field(d, &["chunk"]),
+            match d.get("changes_different").and_then(Value::as_u64) {
+                Some(1) => "1 change".to_owned(),
+                Some(n) => format!("{n} changes"),
+                None => "? changes".to_owned(),
+            },
+            d.get("tables")
+                .and_then(Value::as_array)
+                .map(|t| t
+                    .iter()
+                    .map(|t| field(t, &[]))
+                    .collect::<Vec<_>>()
+                    .join(", "))
+                .unwrap_or_default()
+        );
+        for line in field(d, &["diff"]).lines() {
+            let _ = writeln!(out, "  {line}");
+        }
+    }
+    out
+}
+
+/// Writes each kept difference of `report` (the body of the report's
+/// answer) into `dir` as a fixture: `NAME.input.json` (the canary's input
+/// batch), `NAME.expected.json` (its output) and `NAME.config.toml`;
+/// returns what to print.
+pub(crate) async fn record(
+    client: &Client,
+    pipeline: &str,
+    report: &str,
+    dir: &Path,
+) -> Result<String, ClientError> {
+    let report: Value = serde_json::from_str(report)
+        .map_err(|e| ClientError::Usage(format!("the canary report is not JSON: {e}")))?;
+    let differences = report
+        .get("differences")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let mut fixtures = Vec::new();
+    let mut skipped = 0;
+    for d in differences {
+        if d.get("recordable").and_then(Value::as_bool) != Some(true) {
+            skipped += 1;
+            continue;
+        }
+        let index = field(d, &["index"]);
+        let body = client
+            .get(format!(
+                "{}/canary/differences/{index}",
+                pipeline_path(pipeline)?
+            ))
+            .await?;
+        let fixture: Value = serde_json::from_str(&body).map_err(|e| {
+            ClientError::Usage(format!("difference {index} is not a fixture's JSON: {e}"))
+        })?;
+        fixtures.push(fixture);
+    }
+    if fixtures.is_empty() {
+        return Ok(format!(
+            "no difference to record in {}{}\n",
+            dir.display(),
+            if skipped > 0 {
+                format!(" ({skipped} too large: only their diffs were kept)")
+            } else {
+                String::new()
+            }
+        ));
+    }
+    let io = |path: &Path, e: std::io::Error| {
+        ClientError::Usage(format!("cannot write {}: {e}", path.display()))
+    };
+    std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+    let mut files: Vec<(PathBuf, String)> = Vec::new();
+    for fixture in &fixtures {
+        let name = field(fixture, &["name"]);
+        let name: String = name
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let path = |suffix: &str| dir.join(format!("{name}{suffix}"));
+        let json = |key: &str| fixture.get(key).map(to_pretty).unwrap_or_default();
+        files.push((path(crate::golden::INPUT_SUFFIX), json("input")));
+        files.push((path(crate::golden::EXPECTED_SUFFIX), json("expected")));
+        files.push((
+            path(crate::golden::CONFIG_SUFFIX),
+            field(fixture, &["config"]),
+        ));
+    }
+    // Check every name before writing any, so a refusal leaves nothing half done.
+    if let Some((existing, _)) = files.iter().find(|(p, _)| p.exists()) {
+        return Err(ClientError::Usage(format!(
+            "{} exists: record into another directory, or move it away",
+            existing.display()
+        )));
+    }
+    for (path, text) in &files {
+        std::fs::write(path, text).map_err(|e| io(path, e))?;
+    }
+    Ok(format!(
+        "\n{} difference{} recorded in {} (NAME.input.json, NAME.expected.json with the \
+         canary's output, NAME.config.toml); check them with `datum test MODULE.wasm {}`\n",
+        fixtures.len(),
+        if fixtures.len() == 1 { "" } else { "s" },
+        dir.display(),
+        dir.display()
+    ))
+}
