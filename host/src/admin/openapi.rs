@@ -29,6 +29,8 @@ pub enum Body {
     None,
     /// A module upload: wasm bytes or multipart.
     Upload,
+    /// A module upload that starts a canary.
+    Canary,
     /// Optional JSON `{"version": N}`.
     Rollback,
     /// JSON `{"tables": [...], "from": [...]}`.
@@ -153,6 +155,46 @@ pub const ROUTES: &[Route] = &[
         Body::Rollback,
     ),
     route(
+        "post",
+        "/v1/pipelines/{pipeline}/modules/{module}/canary",
+        "Upload a version as a canary: compile, check, run fixtures, store, then run it beside the active version on every live batch and compare (its output is discarded)",
+        true,
+        201,
+        Body::Canary,
+    ),
+    route(
+        "get",
+        "/v1/pipelines/{pipeline}/canary",
+        "The canary's report: batches compared, equal and different, failures, CPU time, the first differences as diffs",
+        true,
+        200,
+        Body::None,
+    ),
+    route(
+        "get",
+        "/v1/pipelines/{pipeline}/canary/differences/{index}",
+        "A kept difference as a fixture: the canary's input batch, its output, its configuration",
+        true,
+        200,
+        Body::None,
+    ),
+    route(
+        "post",
+        "/v1/pipelines/{pipeline}/canary/promote",
+        "Make the running canary the active version at the next transaction boundary",
+        true,
+        200,
+        Body::None,
+    ),
+    route(
+        "post",
+        "/v1/pipelines/{pipeline}/canary/abort",
+        "Stop the running canary; the active version stays",
+        true,
+        200,
+        Body::None,
+    ),
+    route(
         "get",
         "/v1/pipelines/{pipeline}/dead-letters",
         "List dead letters",
@@ -199,6 +241,8 @@ fn parameters(path: &str) -> Vec<Json> {
         .map(|name| {
             let schema = if name == "id" {
                 json!({"type": "integer", "format": "int64", "minimum": 1})
+            } else if name == "index" {
+                json!({"type": "integer", "minimum": 0})
             } else {
                 json!({"type": "string"})
             };
@@ -225,8 +269,18 @@ fn operation(r: &Route) -> Json {
         );
     }
     match r.body {
-        Body::Upload => {
-            responses.insert("200".into(), json!({"description": "dry_run: the module would be accepted", "content": {"application/json": {"schema": {"type": "object"}}}}));
+        Body::Upload | Body::Canary => {
+            if r.body == Body::Upload {
+                responses.insert("200".into(), json!({"description": "dry_run: the module would be accepted", "content": {"application/json": {"schema": {"type": "object"}}}}));
+            } else {
+                responses.insert(
+                    "400".into(),
+                    error_response(
+                        "A query parameter that is not a whole number above 0, or keep over 100",
+                    ),
+                );
+                responses.insert("409".into(), error_response("A canary runs already"));
+            }
             responses.insert(
                 "413".into(),
                 error_response("Body larger than admin.max_upload"),
@@ -266,6 +320,9 @@ fn operation(r: &Route) -> Json {
         );
         responses.insert("502".into(), error_response("The sink refused it"));
     }
+    if r.path.ends_with("/canary/promote") || r.path.ends_with("/canary/abort") {
+        responses.insert("409".into(), error_response("No canary is running"));
+    }
     if r.path.ends_with("/resume") {
         responses.insert("409".into(), error_response("The pipeline failed"));
     }
@@ -282,11 +339,21 @@ fn operation(r: &Route) -> Json {
     if !r.auth {
         op["security"] = json!([]);
     }
-    if r.body == Body::Upload {
-        op["parameters"]
-            .as_array_mut()
-            .expect("an array")
-            .push(json!({"name": "dry_run", "in": "query", "required": false, "schema": {"type": "boolean"}}));
+    if r.body == Body::Upload || r.body == Body::Canary {
+        let query = if r.body == Body::Upload {
+            vec![
+                json!({"name": "dry_run", "in": "query", "required": false, "schema": {"type": "boolean"}}),
+            ]
+        } else {
+            vec![
+                json!({"name": "promote_after", "in": "query", "required": false, "description": "promote after this many batches compared with no difference and no failure", "schema": {"type": "integer", "minimum": 1}}),
+                json!({"name": "stop_on_difference", "in": "query", "required": false, "description": "stop at the first difference", "schema": {"type": "boolean"}}),
+                json!({"name": "keep", "in": "query", "required": false, "description": "differences kept with their diff and fixture (default 10)", "schema": {"type": "integer", "minimum": 1, "maximum": 100}}),
+            ]
+        };
+        if let Some(parameters) = op["parameters"].as_array_mut() {
+            parameters.extend(query);
+        }
         op["requestBody"] = json!({
             "required": true,
             "content": {

@@ -251,3 +251,59 @@ pub(crate) async fn record(
         dir.display()
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_canary_start_says_its_options_in_the_query() {
+        let base = "/v1/pipelines/p/modules/m";
+        assert_eq!(
+            start_path(base, &CanaryStart::default()),
+            "/v1/pipelines/p/modules/m/canary"
+        );
+        let all = CanaryStart {
+            promote_after: Some(50),
+            stop_on_difference: true,
+            keep: Some(3),
+        };
+        assert_eq!(
+            start_path(base, &all),
+            "/v1/pipelines/p/modules/m/canary?promote_after=50&stop_on_difference=true&keep=3"
+        );
+    }
+
+    #[test]
+    fn a_stopped_canary_reads_with_its_failure_and_counts() {
+        let report = serde_json::json!({
+            "module": "mask", "version": 4, "sha256": "0123456789abcdef", "active_version": 3,
+            "state": "stopped", "reason": "failed (timeout) on transaction 9",
+            "compared_after": "0/16B3F28", "effective_after": null,
+            "batches": {"compared": 5, "equal": 4, "different": 1, "not_compared": 2,
+                        "active_failed": 0},
+            "changes": {"compared": 9, "different": 1,
+                        "different_by_table": {"public.users": 1}},
+            "failure": {"kind": "timeout", "module": "mask", "xid": 9,
+                        "commit_lsn": "0/16B4000", "message": "ran past 1s\nmore"},
+            "cpu": {"canary_seconds": 0.25, "active_seconds": 0.125},
+        });
+        let text = render(&report);
+        assert!(
+            text.starts_with(
+                "canary of mask version 4 (sha256 0123456789ab) beside version 3: stopped\n"
+            ),
+            "{text}"
+        );
+        for line in [
+            "  why       failed (timeout) on transaction 9\n",
+            "  from      the transaction after 0/16B3F28\n",
+            "  batches   5 compared: 4 equal, 1 different; 2 not compared",
+            "  changes   9 compared, 1 different (public.users 1)\n",
+            "  failure   timeout in module `mask` on transaction 9 (commit 0/16B4000): ran past 1s\n",
+            "  cpu       canary 0.250 s; the active chain took 0.125 s",
+        ] {
+            assert!(text.contains(line), "{line:?} in:\n{text}");
+        }
+    }
+}

@@ -928,3 +928,113 @@ fn thread_cpu() -> Duration {
         .map(Duration::from)
         .unwrap_or_default()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{Change, Column, Relation, ReplicaIdentity};
+    use datum_guest::{Txn, Value};
+
+    fn relation(table: &str) -> Arc<Relation> {
+        Arc::new(Relation {
+            oid: 1,
+            schema: "public".into(),
+            table: table.into(),
+            replica_identity: ReplicaIdentity::Default,
+            columns: vec![Column::new("id", "int4", true)],
+        })
+    }
+
+    fn insert(table: &str, id: i64) -> Change {
+        Change::Insert {
+            relation: relation(table),
+            new: vec![Value::Int(id)],
+        }
+    }
+
+    fn batch(changes: Vec<Change>) -> Batch {
+        Batch {
+            txn: Txn::committed(7, 100),
+            changes,
+            bytes: 10,
+        }
+    }
+
+    #[test]
+    fn outputs_are_compared_position_by_position_and_blamed_on_their_table() {
+        let b = batch(vec![insert("a", 1), insert("b", 2), insert("a", 3)]);
+        let same = [Item::Source(0), Item::Source(1), Item::Source(2)];
+        assert_eq!(
+            compare(&b, &same, &same),
+            Compared {
+                changes: 3,
+                ..Compared::default()
+            }
+        );
+        // A module's change equal to the source change is the same change.
+        let rebuilt = [
+            Item::Wire(Box::new(crate::transform::encode::to_wire(&b.changes[0]))),
+            Item::Source(1),
+            Item::Source(2),
+        ];
+        assert_eq!(compare(&b, &same, &rebuilt).different, 0);
+        // One output drops the last change and swaps the first: two
+        // positions differ, both blamed on `a` (the active side's table).
+        let other = [Item::Source(2), Item::Source(1)];
+        let compared = compare(&b, &same, &other);
+        assert_eq!(compared.changes, 3);
+        assert_eq!(compared.different, 2);
+        assert_eq!(
+            compared.tables,
+            BTreeMap::from([("public.a".to_owned(), 2)])
+        );
+        // An output the active chain lacks is blamed on the canary's table.
+        let more = [
+            Item::Source(0),
+            Item::Source(1),
+            Item::Source(2),
+            Item::Source(1),
+        ];
+        let compared = compare(&b, &same, &more);
+        assert_eq!(
+            compared.tables,
+            BTreeMap::from([("public.b".to_owned(), 1)])
+        );
+    }
+
+    fn job(bytes: usize) -> Job {
+        Job {
+            batch: batch(Vec::new()),
+            active: Ok(Vec::new()),
+            took: Duration::ZERO,
+            modules: Arc::from(Vec::new()),
+            bytes,
+        }
+    }
+
+    #[test]
+    fn a_full_queue_counts_batches_not_compared_and_a_closed_one_says_so() {
+        let queue = Queue::default();
+        for _ in 0..QUEUE_BATCHES {
+            assert!(queue.push(1, || job(1)));
+        }
+        assert!(queue.push(1, || panic!("no job is made when there is no room")));
+        assert_eq!(queue.behind(), 1);
+        assert!(queue.pop().is_some());
+        assert!(queue.push(1, || job(1)));
+        assert_eq!(queue.behind(), 1);
+        queue.close();
+        assert!(!queue.push(1, || job(1)));
+        assert!(queue.pop().is_none(), "what waited is dropped");
+    }
+
+    #[test]
+    fn one_batch_larger_than_the_byte_budget_goes_when_nothing_waits() {
+        let queue = Queue::default();
+        assert!(queue.push(QUEUE_BYTES * 2, || job(QUEUE_BYTES * 2)));
+        assert!(queue.push(1, || panic!("over the byte budget")));
+        assert_eq!(queue.behind(), 1);
+        assert!(queue.pop().is_some());
+        assert_eq!(queue.lock().bytes, 0);
+    }
+}

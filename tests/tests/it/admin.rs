@@ -933,7 +933,8 @@ async fn metrics_openapi_status_and_dead_letters() {
                 .path
                 .replace("{pipeline}", "nope")
                 .replace("{module}", "tagger")
-                .replace("{id}", "999"),
+                .replace("{id}", "999")
+                .replace("{index}", "0"),
         );
         let request = match route.method {
             "get" => admin.client.get(url),

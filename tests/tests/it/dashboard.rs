@@ -2,8 +2,11 @@
 //! chromedriver) against the real binary and a real server: the page asks
 //! for the token and refuses to show or do anything without the right one;
 //! with it, it shows a running pipeline's lag and a table copy in progress,
-//! rolls a module back and replays a dead letter, each through the API.
-//! A screenshot is kept in `target/test-artifacts/dashboard.png`.
+//! rolls a module back and replays a dead letter, uploads a canary,
+//! promotes it, reads another's differences and aborts it, each through the
+//! API.
+//! Screenshots are kept in `target/test-artifacts/` (`dashboard.png`, and
+//! `dashboard-canary.png` with a canary's differences open).
 
 use datum_tests::browser::Browser;
 use datum_tests::{cluster, connect, example_wasm, example_wasm_path, free_port, workspace_root};
@@ -271,6 +274,110 @@ config = {{ tag = "v0" }}
     crate::run::wait_for_line(&dir.join("out.jsonl"), &host, |l| {
         l["new"]["id"] == 3 && l["new"]["tag"] == "v0"
     });
+
+    // A canary uploaded from the page (the tagger again, keeping the active
+    // configuration): it compares equal, and is promoted from the page.
+    use base64::Engine as _;
+    let tagger = base64::engine::general_purpose::STANDARD.encode(example_wasm("tagger"));
+    browser
+        .eval(
+            "const bytes = Uint8Array.from(atob(arguments[0]), (c) => c.charCodeAt(0)); \
+             const files = new DataTransfer(); \
+             files.items.add(new File([bytes], 'tagger.wasm', { type: 'application/wasm' })); \
+             const input = document.querySelector('input.canary-file[data-module=\"tagger\"]'); \
+             input.files = files.files; \
+             input.dispatchEvent(new Event('change'));",
+            vec![json!(tagger)],
+        )
+        .await;
+    for i in 10..20 {
+        client
+            .batch_execute(&format!("INSERT INTO t VALUES ({i}, 'x')"))
+            .await
+            .expect("insert");
+    }
+    browser
+        .wait_for(
+            "the canary compared on the page, with no difference",
+            "const c = document.querySelector('[data-pipeline=\"p\"] .canary[data-state=\"running\"]'); \
+             return c && Number(c.querySelector('.canary-compared b').textContent) > 0 \
+               && c.querySelector('.canary-different b').textContent === '0'",
+            30,
+        )
+        .await;
+    browser
+        .eval(
+            "window.confirm = () => true; \
+             document.querySelector('[data-pipeline=\"p\"] .canary button.promote').click();",
+            vec![],
+        )
+        .await;
+    browser
+        .wait_for(
+            "the promoted canary on the page",
+            "const c = document.querySelector('[data-pipeline=\"p\"] .canary'); \
+             const v = document.querySelector('tr[data-module=\"tagger\"] .active-version'); \
+             return c && c.dataset.state === 'promoted' && v && v.textContent === '3'",
+            30,
+        )
+        .await;
+    assert_eq!(admin.active_version("tagger").await.0, 3);
+
+    // A canary that tags differently, started over the API: its
+    // differences read on the page, then it is aborted from the page.
+    let (status, body) = admin
+        .upload(
+            "/v1/pipelines/p/modules/tagger/canary",
+            &example_wasm("tagger"),
+            "tag = \"v9\"",
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    client
+        .batch_execute("INSERT INTO t VALUES (30, 'y')")
+        .await
+        .expect("insert");
+    browser
+        .wait_for(
+            "the differing canary on the page",
+            "const c = document.querySelector('[data-pipeline=\"p\"] .canary[data-state=\"running\"]'); \
+             return c && Number(c.querySelector('.canary-different b').textContent) > 0",
+            30,
+        )
+        .await;
+    browser
+        .eval(
+            "document.querySelector('[data-pipeline=\"p\"] .canary button.differences').click();",
+            vec![],
+        )
+        .await;
+    browser
+        .wait_for(
+            "the canary's diff",
+            "const d = document.getElementById('detail'); \
+             return !d.hidden && d.textContent.includes('+++ canary (version 4)') \
+               && d.textContent.includes('\"v9\"')",
+            30,
+        )
+        .await;
+    browser
+        .screenshot(&workspace_root().join("target/test-artifacts/dashboard-canary.png"))
+        .await;
+    browser
+        .eval(
+            "document.querySelector('[data-pipeline=\"p\"] .canary button.abort').click();",
+            vec![],
+        )
+        .await;
+    browser
+        .wait_for(
+            "the aborted canary",
+            "const c = document.querySelector('[data-pipeline=\"p\"] .canary'); \
+             return c && c.dataset.state === 'aborted'",
+            30,
+        )
+        .await;
+    assert_eq!(admin.active_version("tagger").await.0, 3);
     browser.close().await;
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -48,7 +48,10 @@ function showLogin(message) {
 async function api(method, path, body) {
   const headers = { Authorization: "Bearer " + (token() || "") };
   const init = { method, headers };
-  if (body !== undefined) {
+  if (body instanceof ArrayBuffer) {
+    headers["Content-Type"] = "application/wasm";
+    init.body = body;
+  } else if (body !== undefined) {
     headers["Content-Type"] = "application/json";
     init.body = JSON.stringify(body);
   }
@@ -126,10 +129,26 @@ function notice(text) {
   document.getElementById("updated").textContent = text;
 }
 
+// A button that asks for a .wasm file and POSTs it to `path` (the
+// module keeps its active configuration).
+function uploadButton(label, cls, module, path, what) {
+  const input = el("input", { type: "file", accept: ".wasm,application/wasm", class: cls, "data-module": module, hidden: "" });
+  input.addEventListener("change", () => {
+    const file = input.files && input.files[0];
+    if (!file) return;
+    act(what, async () => api("POST", path, await file.arrayBuffer()));
+  });
+  const button = el("button", { type: "button", onclick: () => input.click() }, label);
+  return el("span", {}, button, input);
+}
+
 function modulesTable(pipeline, modules) {
   if (!modules.length) return el("p", {}, "No modules: changes go to the sink as they come.");
   const rows = modules.map((m) => {
     const versions = m.versions.map((v) => v.version).join(", ");
+    const base = `/v1/pipelines/${encodeURIComponent(pipeline)}/modules/${encodeURIComponent(m.name)}`;
+    const swap = uploadButton("Swap…", "swap-file", m.name, base + "/versions", `swap of ${m.name}`);
+    const canary = uploadButton("Canary…", "canary-file", m.name, base + "/canary", `canary of ${m.name}`);
     const rollback = el(
       "button",
       {
@@ -152,7 +171,7 @@ function modulesTable(pipeline, modules) {
       el("td", { class: "active-version" }, String(m.active.version)),
       el("td", {}, m.active.sha256.slice(0, 12)),
       el("td", {}, versions),
-      el("td", {}, rollback),
+      el("td", {}, rollback, " ", swap, " ", canary),
     );
   });
   return el(
@@ -239,15 +258,87 @@ function deadLettersTable(pipeline, letters) {
   );
 }
 
+function showDetail(title, text) {
+  document.getElementById("detail-title").textContent = title;
+  document.getElementById("detail-body").textContent = text;
+  document.getElementById("detail").hidden = false;
+}
+
 async function showLetter(pipeline, id) {
   try {
     const letter = await api("GET", `/v1/pipelines/${encodeURIComponent(pipeline)}/dead-letters/${id}`);
-    document.getElementById("detail-id").textContent = String(id);
-    document.getElementById("detail-body").textContent = JSON.stringify(letter, null, 2);
-    document.getElementById("detail").hidden = false;
+    showDetail("Dead letter " + id, JSON.stringify(letter, null, 2));
   } catch (err) {
     showError("dead letter " + id + ": " + err.message);
   }
+}
+
+async function showDifferences(pipeline) {
+  try {
+    const report = await api("GET", `/v1/pipelines/${encodeURIComponent(pipeline)}/canary`);
+    const parts = (report.differences || []).map(
+      (d) =>
+        `transaction ${d.xid} (commit ${d.commit_lsn}), ${d.changes_different} ` +
+        `${d.changes_different === 1 ? "change" : "changes"} different in ${d.tables.join(", ")}\n${d.diff}`,
+    );
+    showDetail(
+      `Canary differences: ${report.module} version ${report.version}`,
+      parts.length ? parts.join("\n") : "No difference so far.",
+    );
+  } catch (err) {
+    showError("canary differences: " + err.message);
+  }
+}
+
+function canaryPanel(pipeline, c) {
+  if (!c) return el("p", { class: "no-canary" }, "No canary since the host started.");
+  const base = `/v1/pipelines/${encodeURIComponent(pipeline)}/canary`;
+  const failures = Object.entries(c.failures || {})
+    .map(([kind, n]) => `${kind} ${n}`)
+    .join(", ");
+  const actions = [];
+  if (c.state === "running") {
+    actions.push(
+      el(
+        "button",
+        {
+          type: "button",
+          class: "promote",
+          onclick: () => {
+            if (!confirm(`Make ${c.module} version ${c.version} the active version?`)) return;
+            act(`promotion of ${c.module}`, () => api("POST", base + "/promote"));
+          },
+        },
+        "Promote",
+      ),
+      " ",
+      el(
+        "button",
+        { type: "button", class: "abort", onclick: () => act(`abort of the canary`, () => api("POST", base + "/abort")) },
+        "Abort",
+      ),
+      " ",
+    );
+  }
+  actions.push(el("button", { type: "button", class: "differences", onclick: () => showDifferences(pipeline) }, "Differences"));
+  return el(
+    "div",
+    { class: "canary", "data-state": c.state },
+    el(
+      "div",
+      { class: "figures" },
+      figure("canary", `${c.module} v${c.version} beside v${c.active_version}`, "canary-module"),
+      figure("state", c.state, "canary-state"),
+      figure("batches compared", number(c.batches.compared), "canary-compared"),
+      figure("equal", number(c.batches.equal), "canary-equal"),
+      figure("different", number(c.batches.different), "canary-different"),
+      figure("not compared", number(c.batches.not_compared), "canary-behind"),
+      figure("failures", failures || "none", "canary-failures"),
+      figure("CPU, canary / active", `${number(c.cpu.canary_seconds, 3)} / ${number(c.cpu.active_seconds, 3)} s`, "canary-cpu"),
+    ),
+    c.reason ? el("p", { class: "canary-reason" }, c.reason) : null,
+    el("p", {}, ...actions),
+  );
 }
 
 function pipelineCard(p, modules, letters) {
@@ -275,6 +366,8 @@ function pipelineCard(p, modules, letters) {
     snapshotsTable(p.snapshots) || el("p", {}, "No table copies."),
     el("h3", {}, "Modules"),
     modulesTable(p.name, modules),
+    el("h3", {}, "Canary"),
+    canaryPanel(p.name, p.canary),
     el("h3", {}, "Dead letters"),
     deadLettersTable(p.name, letters),
   );
