@@ -54,7 +54,7 @@ pub(super) async fn start(
     let options = options(query.as_deref())?;
     let control = app.pipeline(&pipeline)?.clone();
     let slot = find_slot(&control, &pipeline, &module)?;
-    if let Some(busy) = control.chain.canary().busy() {
+    if let Some(busy) = control.canary.busy() {
         return Err(ApiError::new(StatusCode::CONFLICT, "conflict", busy));
     }
     let upload = read_upload(&app, request).await?;
@@ -82,7 +82,14 @@ pub(super) async fn start(
             config: vetted.config,
             fixtures: vetted.fixtures,
         };
-        let report = canary::start(&store, &control.chain, &pipeline, candidate, options)?;
+        let report = canary::start(
+            &store,
+            &control.chain,
+            &control.canary,
+            &pipeline,
+            candidate,
+            options,
+        )?;
         Ok(reply(StatusCode::CREATED, &report))
     });
     work.await.map_err(|e| ApiError::internal(e.to_string()))?
@@ -95,7 +102,7 @@ pub(super) async fn show(
     Path(pipeline): Path<String>,
 ) -> Result<Response, ApiError> {
     let control = app.pipeline(&pipeline)?;
-    let report = control.chain.canary().report(true).ok_or_else(|| {
+    let report = control.canary.report(true).ok_or_else(|| {
         ApiError::not_found(format!(
             "pipeline `{pipeline}` has run no canary since the host started: start one with \
              `datum admin swap --canary`"
@@ -114,7 +121,7 @@ pub(super) async fn difference(
     let index: usize = index
         .parse()
         .map_err(|_| ApiError::bad_request(format!("`{index}` is not a difference's index")))?;
-    ok(control.chain.canary().fixture(index)?)
+    ok(control.canary.fixture(index)?)
 }
 
 /// `POST /v1/pipelines/{pipeline}/canary/promote`.
@@ -128,6 +135,7 @@ pub(super) async fn promote(
         canary::promote(
             &store,
             &control.chain,
+            &control.canary,
             &pipeline,
             "promoted over the admin API",
         )
@@ -145,5 +153,5 @@ pub(super) async fn abort(
     Path(pipeline): Path<String>,
 ) -> Result<Response, ApiError> {
     let control = app.pipeline(&pipeline)?;
-    ok(control.chain.canary().abort()?)
+    ok(control.canary.abort()?)
 }

@@ -776,7 +776,7 @@ pub(crate) fn status(control: &PipelineControl, store: &Store) -> Json {
             "schema_changes": stats.schema_changes.load(Relaxed),
         },
         "modules": control.chain.info(),
-        "canary": control.chain.canary().report(false),
+        "canary": control.canary.report(false),
         "snapshots": snapshots,
         "last_error": last_error,
         "state_file": state_file(store),

@@ -20,6 +20,8 @@ use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use super::canary::CanaryStart;
+use super::summary::{field, short_sha};
 use crate::event::ordered::{Ordered, to_pretty};
 
 use crate::config::AdminConfig;
@@ -36,9 +38,6 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(40);
 
 /// How long connecting may take: the API is usually on this machine.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// How many characters of a digest the summaries show, as `datum test` does.
-const SHORT_SHA: usize = 12;
 
 // ---------------------------------------------------------------------------
 // What to do.
@@ -168,17 +167,6 @@ pub enum Request {
     },
 }
 
-/// How a canary started by `swap --canary` ends by itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct CanaryStart {
-    /// Promote it after this many batches compared with no difference.
-    pub promote_after: Option<u64>,
-    /// Stop it at the first difference.
-    pub stop_on_difference: bool,
-    /// Differences to keep (the host's default when None).
-    pub keep: Option<u64>,
-}
-
 /// What `canary` does.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CanaryAction {
@@ -301,7 +289,17 @@ pub(crate) async fn run(args: &Args) -> Result<String, ClientError> {
         action: CanaryAction::Show(Some(dir)),
     } = &args.request
     {
-        let recorded = super::canary::record(&client, pipeline, &body, dir).await?;
+        let (indices, skipped) = super::canary::recordable(&body).map_err(ClientError::Usage)?;
+        let mut fixtures = Vec::new();
+        for index in indices {
+            let path = format!("{}/canary/differences/{index}", pipeline_path(pipeline)?);
+            let fixture = client.get(path).await?;
+            fixtures.push(serde_json::from_str::<Value>(&fixture).map_err(|e| {
+                ClientError::Usage(format!("difference {index} is not a fixture's JSON: {e}"))
+            })?);
+        }
+        let recorded =
+            super::canary::write_fixtures(dir, &fixtures, skipped).map_err(ClientError::Usage)?;
         if !args.json {
             out.push_str(&recorded);
         }
@@ -586,7 +584,7 @@ fn prepare(request: &Request) -> Result<Call, ClientError> {
     Ok(call)
 }
 
-pub(super) fn pipeline_path(pipeline: &str) -> Result<String, ClientError> {
+fn pipeline_path(pipeline: &str) -> Result<String, ClientError> {
     Ok(format!("/v1/pipelines/{}", segment(pipeline, "pipeline")?))
 }
 
@@ -1276,30 +1274,6 @@ fn table(rows: &[Vec<String>], indent: &str) -> String {
         out.push('\n');
     }
     out
-}
-
-/// A field as text: strings without quotes, `?` when missing.
-pub(super) fn field(value: &Value, path: &[&str]) -> String {
-    let mut value = value;
-    for key in path {
-        match value.get(key) {
-            Some(next) => value = next,
-            None => return "?".into(),
-        }
-    }
-    match value {
-        Value::String(text) => text.clone(),
-        Value::Null => "-".into(),
-        other => other.to_string(),
-    }
-}
-
-/// The first characters of a digest.
-pub(super) fn short_sha(sha: Option<&Value>) -> String {
-    match sha.and_then(Value::as_str) {
-        Some(sha) => sha.chars().take(SHORT_SHA).collect(),
-        None => "?".into(),
-    }
 }
 
 /// A message on one line.

@@ -7,8 +7,19 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::admin::{CanaryStart, Client, ClientError, field, pipeline_path, short_sha};
+use super::summary::{field, short_sha};
 use crate::event::ordered::to_pretty;
+
+/// How a canary started by `swap --canary` ends by itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CanaryStart {
+    /// Promote it after this many batches compared with no difference.
+    pub promote_after: Option<u64>,
+    /// Stop it at the first difference.
+    pub stop_on_difference: bool,
+    /// Differences to keep (the host's default when None).
+    pub keep: Option<u64>,
+}
 
 /// The path (with its query) that starts a canary of a module.
 pub(crate) fn start_path(module_path: &str, start: &CanaryStart) -> String {
@@ -159,42 +170,34 @@ pub(crate) fn render(report: &Value) -> String {
     out
 }
 
-/// Writes each kept difference of `report` (the body of the report's
-/// answer) into `dir` as a fixture: `NAME.input.json` (the canary's input
-/// batch), `NAME.expected.json` (its output) and `NAME.config.toml`;
-/// returns what to print.
-pub(crate) async fn record(
-    client: &Client,
-    pipeline: &str,
-    report: &str,
-    dir: &Path,
-) -> Result<String, ClientError> {
-    let report: Value = serde_json::from_str(report)
-        .map_err(|e| ClientError::Usage(format!("the canary report is not JSON: {e}")))?;
+/// The indices of the differences in `report` (the body of the report's
+/// answer) that can be recorded, and how many cannot (too large).
+pub(crate) fn recordable(report: &str) -> Result<(Vec<String>, usize), String> {
+    let report: Value =
+        serde_json::from_str(report).map_err(|e| format!("the canary report is not JSON: {e}"))?;
     let differences = report
         .get("differences")
         .and_then(Value::as_array)
         .map(Vec::as_slice)
         .unwrap_or_default();
-    let mut fixtures = Vec::new();
-    let mut skipped = 0;
-    for d in differences {
-        if d.get("recordable").and_then(Value::as_bool) != Some(true) {
-            skipped += 1;
-            continue;
-        }
-        let index = field(d, &["index"]);
-        let body = client
-            .get(format!(
-                "{}/canary/differences/{index}",
-                pipeline_path(pipeline)?
-            ))
-            .await?;
-        let fixture: Value = serde_json::from_str(&body).map_err(|e| {
-            ClientError::Usage(format!("difference {index} is not a fixture's JSON: {e}"))
-        })?;
-        fixtures.push(fixture);
-    }
+    let (fit, too_large): (Vec<&Value>, Vec<&Value>) = differences
+        .iter()
+        .partition(|d| d.get("recordable").and_then(Value::as_bool) == Some(true));
+    Ok((
+        fit.iter().map(|d| field(d, &["index"])).collect(),
+        too_large.len(),
+    ))
+}
+
+/// Writes `fixtures` (each as the API gives a difference) into `dir` as
+/// golden cases: `NAME.input.json` (the canary's input batch),
+/// `NAME.expected.json` (its output) and `NAME.config.toml`; returns what
+/// to print. `skipped` differences were too large to record.
+pub(crate) fn write_fixtures(
+    dir: &Path,
+    fixtures: &[Value],
+    skipped: usize,
+) -> Result<String, String> {
     if fixtures.is_empty() {
         return Ok(format!(
             "no difference to record in {}{}\n",
@@ -206,14 +209,11 @@ pub(crate) async fn record(
             }
         ));
     }
-    let io = |path: &Path, e: std::io::Error| {
-        ClientError::Usage(format!("cannot write {}: {e}", path.display()))
-    };
+    let io = |path: &Path, e: std::io::Error| format!("cannot write {}: {e}", path.display());
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     let mut files: Vec<(PathBuf, String)> = Vec::new();
-    for fixture in &fixtures {
-        let name = field(fixture, &["name"]);
-        let name: String = name
+    for fixture in fixtures {
+        let name: String = field(fixture, &["name"])
             .chars()
             .map(|c| {
                 if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
@@ -234,10 +234,10 @@ pub(crate) async fn record(
     }
     // Check every name before writing any, so a refusal leaves nothing half done.
     if let Some((existing, _)) = files.iter().find(|(p, _)| p.exists()) {
-        return Err(ClientError::Usage(format!(
+        return Err(format!(
             "{} exists: record into another directory, or move it away",
             existing.display()
-        )));
+        ));
     }
     for (path, text) in &files {
         std::fs::write(path, text).map_err(|e| io(path, e))?;

@@ -335,7 +335,8 @@ pub enum DeadLetterVerb {
 impl AdminCommand {
     /// The library's request; an error for arguments clap cannot rule out.
     pub fn into_request(self) -> Result<super::admin::Request, String> {
-        use super::admin::{CanaryAction, CanaryStart, DeadLetterAction, Request};
+        use super::admin::{CanaryAction, DeadLetterAction, Request};
+        use super::canary::CanaryStart;
         Ok(match self {
             AdminCommand::Status { pipeline } => Request::Status { pipeline },
             AdminCommand::Pause { pipeline } => Request::Pause { pipeline },

@@ -12,6 +12,7 @@ pub(crate) mod demo;
 pub(crate) mod new;
 pub(crate) mod record;
 pub(crate) mod run;
+pub(crate) mod summary;
 pub(crate) mod test;
 
 use std::future::Future;

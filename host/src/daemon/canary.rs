@@ -106,7 +106,7 @@ impl State {
     }
 }
 
-/// The canary of one pipeline (at most one at a time), held by its
+/// The canary of one pipeline (at most one at a time), beside its
 /// [`ActiveChain`]; the last one's report stays until another starts.
 #[derive(Debug, Default)]
 pub struct Canary {
@@ -135,6 +135,19 @@ struct Run {
     effective_after: Option<Lsn>,
     queue: Arc<Queue>,
     report: Report,
+}
+
+impl Run {
+    fn busy(&self) -> Option<String> {
+        matches!(self.state, State::Running | State::Promoting).then(|| {
+            format!(
+                "a canary of `{}` (version {}) is {}: promote or abort it first",
+                self.candidate.transform,
+                self.candidate.version,
+                self.state.name()
+            )
+        })
+    }
 }
 
 #[derive(Debug, Default)]
@@ -171,19 +184,10 @@ impl Canary {
         self.run.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether a canary runs (or is being promoted).
+    /// Why another canary cannot start now: one runs, or is being
+    /// promoted.
     pub(crate) fn busy(&self) -> Option<String> {
-        self.lock()
-            .as_ref()
-            .filter(|r| matches!(r.state, State::Running | State::Promoting))
-            .map(|r| {
-                format!(
-                    "a canary of `{}` (version {}) is {}: promote or abort it first",
-                    r.candidate.transform,
-                    r.candidate.version,
-                    r.state.name()
-                )
-            })
+        self.lock().as_ref().and_then(Run::busy)
     }
 
     /// For the transform thread at a transaction boundary: the queue to
@@ -339,11 +343,11 @@ fn nothing_running(run: Option<&Run>) -> SwapError {
 pub(crate) fn start(
     store: &Arc<Store>,
     chain: &Arc<ActiveChain>,
+    canary: &Arc<Canary>,
     pipeline: &str,
     candidate: Candidate,
     options: Options,
 ) -> Result<Json, SwapError> {
-    let canary = chain.canary();
     let active_version = chain
         .slots()
         .iter()
@@ -355,20 +359,14 @@ pub(crate) fn start(
                 candidate.transform
             ))
         })?;
+    let runtime = tokio::runtime::Handle::try_current()
+        .map_err(|e| SwapError::Internal(format!("starting a canary outside the runtime: {e}")))?;
     let queue = Arc::new(Queue::default());
     let id = canary.next_id.fetch_add(1, Ordering::Relaxed);
     {
         let mut run = canary.lock();
-        if let Some(busy) = run
-            .as_ref()
-            .filter(|r| matches!(r.state, State::Running | State::Promoting))
-        {
-            return Err(SwapError::Conflict(format!(
-                "a canary of `{}` (version {}) is {}: promote or abort it first",
-                busy.candidate.transform,
-                busy.candidate.version,
-                busy.state.name()
-            )));
+        if let Some(busy) = run.as_ref().and_then(Run::busy) {
+            return Err(SwapError::Conflict(busy));
         }
         *run = Some(Run {
             id,
@@ -384,11 +382,13 @@ pub(crate) fn start(
             report: Report::default(),
         });
     }
+    let transform = candidate.transform.clone();
     let worker = Worker {
         chain: chain.clone(),
+        canary: canary.clone(),
         store: store.clone(),
         pipeline: pipeline.to_owned(),
-        runtime: tokio::runtime::Handle::current(),
+        runtime,
         id,
         candidate,
         queue,
@@ -408,7 +408,7 @@ pub(crate) fn start(
         )));
     }
     canary.generation.fetch_add(1, Ordering::AcqRel);
-    tracing::info!(pipeline, module = %canary.lock().as_ref().map_or("", |r| r.candidate.transform.as_str()), "canary started");
+    tracing::info!(pipeline, module = %transform, "canary started");
     canary
         .report(false)
         .ok_or_else(|| SwapError::Internal("the canary's report vanished".into()))
@@ -419,10 +419,10 @@ pub(crate) fn start(
 pub(crate) async fn promote(
     store: &Arc<Store>,
     chain: &ActiveChain,
+    canary: &Canary,
     pipeline: &str,
     why: &str,
 ) -> Result<Swapped, SwapError> {
-    let canary = chain.canary();
     let (id, candidate) = {
         let mut run = canary.lock();
         let Some(r) = run.as_mut().filter(|r| r.state == State::Running) else {
@@ -596,7 +596,7 @@ impl Queue {
                 return None;
             }
             if let Some(job) = state.jobs.pop_front() {
-                state.bytes -= job.bytes;
+                state.bytes = state.bytes.saturating_sub(job.bytes);
                 return Some(job);
             }
             state = self.ready.wait(state).unwrap_or_else(|p| p.into_inner());
@@ -616,6 +616,7 @@ impl Queue {
 /// The canary's thread.
 struct Worker {
     chain: Arc<ActiveChain>,
+    canary: Arc<Canary>,
     store: Arc<Store>,
     pipeline: String,
     runtime: tokio::runtime::Handle,
@@ -663,7 +664,7 @@ impl Worker {
                             "the pipeline no longer runs a transform named `{}`",
                             self.candidate.transform
                         );
-                        self.chain.canary().end(self.id, State::Stopped, reason);
+                        self.canary.end(self.id, State::Stopped, reason);
                         return;
                     }
                 }
@@ -701,7 +702,7 @@ impl Worker {
     }
 
     fn update(&self, f: impl FnOnce(&mut Report)) {
-        let mut run = self.chain.canary().lock();
+        let mut run = self.canary.lock();
         if let Some(run) = run.as_mut().filter(|r| r.id == self.id) {
             f(&mut run.report);
         }
@@ -724,7 +725,7 @@ impl Worker {
             r.canary_cpu += cpu;
             r.active_time += job.took;
         });
-        self.chain.canary().end(
+        self.canary.end(
             self.id,
             State::Stopped,
             format!("failed ({kind}) on transaction {}", txn.xid),
@@ -736,14 +737,14 @@ impl Worker {
         let batch = &job.batch;
         let compared = compare(batch, active, &outcome.last);
         let keep = compared.different > 0 && {
-            let run = self.chain.canary().lock();
+            let run = self.canary.lock();
             run.as_ref()
                 .is_some_and(|r| r.id == self.id && r.report.differences.len() < self.options.keep)
         };
         let difference = keep.then(|| self.difference(batch, active, &outcome, &compared));
         let mut next = Next::Continue;
         {
-            let mut run = self.chain.canary().lock();
+            let mut run = self.canary.lock();
             let Some(run) = run.as_mut().filter(|r| r.id == self.id) else {
                 return false;
             };
@@ -778,13 +779,14 @@ impl Worker {
             Next::Continue => true,
             Next::Stop(reason) => {
                 tracing::info!(%reason, "canary stopped");
-                self.chain.canary().end(self.id, State::Stopped, reason);
+                self.canary.end(self.id, State::Stopped, reason);
                 false
             }
             Next::Promote => {
-                let (store, chain, pipeline) = (
+                let (store, chain, canary, pipeline) = (
                     self.store.clone(),
                     self.chain.clone(),
+                    self.canary.clone(),
                     self.pipeline.clone(),
                 );
                 let why = format!(
@@ -792,7 +794,7 @@ impl Worker {
                     self.options.promote_after.unwrap_or_default()
                 );
                 self.runtime.spawn(async move {
-                    match promote(&store, &chain, &pipeline, &why).await {
+                    match promote(&store, &chain, &canary, &pipeline, &why).await {
                         Ok(s) => {
                             tracing::info!(pipeline = %pipeline, version = s.version, after = %s.effective_after, "{why}")
                         }

@@ -24,7 +24,6 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{Notify, oneshot};
 
-use super::canary::Canary;
 use crate::checkpoint::{Activation, CheckpointError, ModuleVersion, Store};
 use crate::event::Lsn;
 use crate::transform::{Chain, Engine, Limits, Module, TransformError};
@@ -65,7 +64,6 @@ pub struct SlotInfo {
 pub struct ActiveChain {
     state: Mutex<ChainState>,
     wake: Notify,
-    canary: Canary,
 }
 
 #[derive(Debug)]
@@ -97,13 +95,7 @@ impl ActiveChain {
                 waiters: Vec::new(),
             }),
             wake: Notify::new(),
-            canary: Canary::default(),
         })
-    }
-
-    /// The pipeline's canary (`canary.rs`).
-    pub fn canary(&self) -> &Canary {
-        &self.canary
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ChainState> {

@@ -36,7 +36,7 @@ use crate::channel;
 use crate::checkpoint::{ALL_TABLES, CheckpointError, Offset, SnapshotProgress, Store};
 use crate::config::OnError;
 use crate::config::SnapshotMode;
-use crate::daemon::canary::Tap;
+use crate::daemon::canary::{Canary, Tap};
 use crate::daemon::commit::{self, CommitPolicy};
 use crate::daemon::feedback::Feedback;
 use crate::daemon::hotswap::{ActiveChain, Slot};
@@ -84,6 +84,9 @@ pub struct PipelineConfig {
     /// The hot-swappable chain (`crate::daemon::hotswap`); when `None`, one is made
     /// from `modules`, outside the registry (version 0).
     pub chain: Option<Arc<ActiveChain>>,
+    /// The pipeline's canary (`crate::daemon::canary`), shared by clones
+    /// of this configuration, so it outlives a pause.
+    pub canary: Arc<Canary>,
     /// The source's counters (shared by clones of this configuration, so
     /// they outlive a pause).
     pub source_stats: Arc<SourceStats>,
@@ -111,6 +114,7 @@ impl PipelineConfig {
             adopt_slot: false,
             leader_lock: false,
             chain: None,
+            canary: Arc::default(),
             source_stats: Arc::default(),
             stats: Arc::default(),
             snapshot: SnapshotPolicy {
@@ -1026,6 +1030,7 @@ fn spawn_transforms(
 ) -> std::thread::JoinHandle<()> {
     let (name, limits, counters) = (&config.name, config.source.limits, &config.stats);
     let active = active.clone();
+    let canary = config.canary.clone();
     let snapshots = snapshots.clone();
     let counters = counters.clone();
     let runtime = tokio::runtime::Handle::current();
@@ -1060,7 +1065,7 @@ fn spawn_transforms(
                             empty = chain.modules().next().is_none();
                             tap.adopted(&chain);
                         }
-                        tap.boundary(active.canary(), boundary);
+                        tap.boundary(&canary, boundary);
                         continue;
                     }
                     Some(None) => break,
@@ -1073,7 +1078,7 @@ fn spawn_transforms(
                             empty = chain.modules().next().is_none();
                             tap.adopted(&chain);
                         }
-                        tap.boundary(active.canary(), boundary);
+                        tap.boundary(&canary, boundary);
                     }
                     // Watermarks out, a placed chunk's rows in; then a
                     // schema change before each table's first change of a

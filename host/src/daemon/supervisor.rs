@@ -83,6 +83,8 @@ pub struct PipelineControl {
     pub name: String,
     /// The modules in force.
     pub chain: Arc<ActiveChain>,
+    /// The canary beside them.
+    pub canary: Arc<crate::daemon::canary::Canary>,
     /// The source's counters, across pauses.
     pub source_stats: Arc<SourceStats>,
     /// The pipeline's counters, across pauses.
@@ -103,6 +105,7 @@ impl PipelineControl {
         Arc::new(PipelineControl {
             name: config.name.clone(),
             chain,
+            canary: config.canary.clone(),
             source_stats: config.source_stats.clone(),
             stats: config.stats.clone(),
             state: watch::channel(PipelineState::Starting).0,

@@ -270,6 +270,39 @@ impl Host {
         started.elapsed()
     }
 
+    /// Starts a canary of `wasm` beside transform `module` (it keeps the
+    /// active configuration).
+    pub async fn canary(&self, pipeline: &str, module: &str, wasm: Vec<u8>) {
+        self.call(
+            self.http
+                .post(format!(
+                    "{}/v1/pipelines/{pipeline}/modules/{module}/canary",
+                    self.base
+                ))
+                .header("content-type", "application/wasm")
+                .body(wasm),
+        )
+        .await;
+    }
+
+    /// The pipeline's canary report.
+    pub async fn canary_report(&self, pipeline: &str) -> Json {
+        self.call(
+            self.http
+                .get(format!("{}/v1/pipelines/{pipeline}/canary", self.base)),
+        )
+        .await
+    }
+
+    /// Aborts the pipeline's canary.
+    pub async fn canary_abort(&self, pipeline: &str) {
+        self.call(self.http.post(format!(
+            "{}/v1/pipelines/{pipeline}/canary/abort",
+            self.base
+        )))
+        .await;
+    }
+
     /// SIGTERM, then waits for the exit.
     pub fn stop(mut self) {
         let _ = nix::sys::signal::kill(

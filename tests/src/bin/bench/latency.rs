@@ -88,6 +88,14 @@ impl Tail {
     }
 }
 
+/// What a latency phase does beside the steady writer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Steady,
+    Canary,
+    Copy,
+}
+
 /// (commit time, latency) of each transaction, µs.
 type Samples = Vec<(i64, i64)>;
 
@@ -234,13 +242,30 @@ pub async fn run(bench: &mut Bench) -> Table {
     let warmup = 500_000; // µs of each phase left out
     let mut phases = Vec::new();
     let copying = format!("1,000 during a {}-row copy", grouped(copied as f64));
-    for (label, rate, copy) in rates
+    // The last steady rate again, with a canary of identity beside the
+    // active identity (then aborted, before the copy).
+    let with_canary = bench.args.runs("canary");
+    let canary_rate = rates[rates.len() - 1];
+    let mut plan: Vec<(String, u64, Phase)> = rates
         .iter()
-        .map(|r| (grouped(*r as f64), *r, false))
-        .chain([(copying.clone(), 1_000, true)])
-    {
+        .map(|r| (grouped(*r as f64), *r, Phase::Steady))
+        .collect();
+    if with_canary {
+        plan.push((
+            format!("{} with a canary of identity", grouped(canary_rate as f64)),
+            canary_rate,
+            Phase::Canary,
+        ));
+    }
+    plan.push((copying.clone(), 1_000, Phase::Copy));
+    for (label, rate, phase) in plan {
+        let copy = phase == Phase::Copy;
         if copy {
             host.backfill("lat", &["public.big_snap"]).await;
+        }
+        if phase == Phase::Canary {
+            let module = std::fs::read(bench.module("identity")).expect("reading identity.wasm");
+            host.canary("lat", "identity", module).await;
         }
         let first = bench.next_id;
         let from = now_micros();
@@ -258,6 +283,19 @@ pub async fn run(bench: &mut Bench) -> Table {
             if state != "copying" {
                 label.push_str(&format!(" (the copy was {state} before the phase ended)"));
             }
+        }
+        if phase == Phase::Canary {
+            // Let it finish what it queued, then read and stop it.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let report = host.canary_report("lat").await;
+            let count = |k: &str| report["batches"][k].as_u64().unwrap_or(0);
+            label.push_str(&format!(
+                " ({} batches compared, {} not compared, {} different)",
+                grouped(count("compared") as f64),
+                grouped(count("not_compared") as f64),
+                grouped(count("different") as f64),
+            ));
+            host.canary_abort("lat").await;
         }
         phases.push((
             label,

@@ -5,7 +5,7 @@
 //! figure.
 //!
 //! `cargo run --release -p datum-tests --bin bench -- [--quick] [--changes N]
-//! [--reps N] [--only throughput,transforms,checkpoints,hotswap,nats,latency,memory,scaleout,snapshot]`
+//! [--reps N] [--only throughput,transforms,checkpoints,hotswap,canary,nats,latency,memory,scaleout,snapshot]`
 //! (`just bench` builds the release `datum` and the example modules first).
 
 mod host;
@@ -112,7 +112,7 @@ fn usage(problem: &str) -> ! {
     }
     eprintln!(
         "usage: bench [--quick] [--changes N] [--reps N] [--chunk-size N] \
-         [--only throughput,transforms,checkpoints,hotswap,nats,latency,memory,scaleout,snapshot]"
+         [--only throughput,transforms,checkpoints,hotswap,canary,nats,latency,memory,scaleout,snapshot]"
     );
     std::process::exit(2)
 }
@@ -490,6 +490,23 @@ impl Bench {
             &["figure", "value", "baseline (same run)"],
         );
 
+        let mut canary = Table::new(
+            format!(
+                "Canary: identity with a canary of identity beside it, {} changes in 100-row transactions, TCP (one run; identity alone is the median above)",
+                grouped(n as f64)
+            ),
+            &[
+                "identity changes/s",
+                "with a canary changes/s",
+                "vs identity",
+                "host CPU s/M changes",
+                "batches compared",
+                "not compared (canary behind)",
+                "different",
+                "canary CPU s",
+            ],
+        );
+
         let mut nats = Table::new(
             format!(
                 "NATS JetStream sink: {} changes, identity, TCP (one run each; the file sink's figure is the median above)",
@@ -531,6 +548,13 @@ impl Bench {
                                 ("mask_pii", "{ columns = [\"email\"], salt = \"bench\" }"),
                                 ("project_columns", "{ drop = [\"name\"] }"),
                             ]),
+                            String::new(),
+                        ));
+                    }
+                    if self.args.runs("canary") {
+                        extras.push((
+                            "canary",
+                            self.transforms(&[("identity", "{}")]),
                             String::new(),
                         ));
                     }
@@ -726,6 +750,28 @@ impl Bench {
                         self.swaps(&host, &name, end, identity_secs, &mut hotswap)
                             .await
                     }
+                    "canary" => {
+                        let module =
+                            std::fs::read(self.module("identity")).expect("reading identity.wasm");
+                        host.canary(&name, "identity", module).await;
+                        let run = self.run_datum(&host, &name, end).await;
+                        let rate = n as f64 / run.elapsed.as_secs_f64();
+                        let report = host.canary_report(&name).await;
+                        let count = |k: &str| report["batches"][k].as_u64().unwrap_or(0);
+                        canary.row(vec![
+                            grouped(identity_rate),
+                            grouped(rate),
+                            format!("{:.2}×", rate / identity_rate),
+                            format!("{:.2}", per_m(run.host_cpu)),
+                            grouped(count("compared") as f64),
+                            grouped(count("not_compared") as f64),
+                            grouped(count("different") as f64),
+                            format!(
+                                "{:.2}",
+                                report["cpu"]["canary_seconds"].as_f64().unwrap_or(0.0)
+                            ),
+                        ]);
+                    }
                     "nats" => {
                         let run = self.run_datum(&host, &name, end).await;
                         let rate = n as f64 / run.elapsed.as_secs_f64();
@@ -758,7 +804,7 @@ impl Bench {
             let _ = std::fs::remove_dir_all(self.dir.join(workload.key));
             self.drop_slots().await;
         }
-        for table in [throughput, transforms, checkpoints, hotswap, nats] {
+        for table in [throughput, transforms, checkpoints, hotswap, canary, nats] {
             if !table.rows.is_empty() {
                 self.tables.push(table);
             }
@@ -977,9 +1023,16 @@ fn main() {
             grouped(bench.args.changes as f64),
             bench.args.reps
         );
-        if ["throughput", "transforms", "checkpoints", "hotswap", "nats"]
-            .iter()
-            .any(|s| bench.args.runs(s))
+        if [
+            "throughput",
+            "transforms",
+            "checkpoints",
+            "hotswap",
+            "canary",
+            "nats",
+        ]
+        .iter()
+        .any(|s| bench.args.runs(s))
         {
             bench.streaming().await;
         }
