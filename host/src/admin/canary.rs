@@ -15,7 +15,8 @@ use super::{
 use crate::daemon::canary::{self, KEEP_DEFAULT, KEEP_MAX, Options};
 use crate::daemon::hotswap::{self, KEEP_VERSIONS};
 
-/// `promote_after=N`, `stop_on_difference=true`, `keep=N`.
+/// `promote_after=N`, `stop_on_difference=true`, `abort_on_failure=true`,
+/// `keep=N`.
 fn options(query: Option<&str>) -> Result<Options, ApiError> {
     let mut options = Options::default();
     let count = |name: &str, value: &str| {
@@ -23,10 +24,17 @@ fn options(query: Option<&str>) -> Result<Options, ApiError> {
             ApiError::bad_request(format!("{name}={value}: use a whole number above 0"))
         })
     };
-    for (key, value) in query_pairs(query, &["promote_after", "stop_on_difference", "keep"])? {
+    let known = [
+        "promote_after",
+        "stop_on_difference",
+        "abort_on_failure",
+        "keep",
+    ];
+    for (key, value) in query_pairs(query, &known)? {
         match key {
             "promote_after" => options.promote_after = Some(count(key, value)?),
             "stop_on_difference" => options.stop_on_difference = boolean(key, value)?,
+            "abort_on_failure" => options.abort_on_failure = boolean(key, value)?,
             _ => {
                 let keep = count(key, value)?;
                 if keep > KEEP_MAX as u64 {

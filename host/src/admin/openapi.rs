@@ -348,6 +348,7 @@ fn operation(r: &Route) -> Json {
             vec![
                 json!({"name": "promote_after", "in": "query", "required": false, "description": "promote after this many batches compared with no difference and no failure", "schema": {"type": "integer", "minimum": 1}}),
                 json!({"name": "stop_on_difference", "in": "query", "required": false, "description": "stop at the first difference", "schema": {"type": "boolean"}}),
+                json!({"name": "abort_on_failure", "in": "query", "required": false, "description": "stop at the first failure of any kind (a trap, a timeout, memory or fuel always stops it)", "schema": {"type": "boolean"}}),
                 json!({"name": "keep", "in": "query", "required": false, "description": "differences kept with their diff and fixture (default 10)", "schema": {"type": "integer", "minimum": 1, "maximum": 100}}),
             ]
         };

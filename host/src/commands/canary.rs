@@ -17,6 +17,8 @@ pub struct CanaryStart {
     pub promote_after: Option<u64>,
     /// Stop it at the first difference.
     pub stop_on_difference: bool,
+    /// Stop it at the first failure of any kind.
+    pub abort_on_failure: bool,
     /// Differences to keep (the host's default when None).
     pub keep: Option<u64>,
 }
@@ -29,6 +31,9 @@ pub(crate) fn start_path(module_path: &str, start: &CanaryStart) -> String {
     }
     if start.stop_on_difference {
         query.push("stop_on_difference=true".to_owned());
+    }
+    if start.abort_on_failure {
+        query.push("abort_on_failure=true".to_owned());
     }
     if let Some(n) = start.keep {
         query.push(format!("keep={n}"));
@@ -77,11 +82,12 @@ pub(crate) fn render(report: &Value) -> String {
     }
     let _ = writeln!(
         out,
-        "  batches   {} compared: {} equal, {} different; {} not compared (the canary was \
-         behind), {} the active chain failed on",
+        "  batches   {} compared: {} equal, {} different; {} failed in the canary; {} not \
+         compared (the canary was behind), {} the active chain failed on",
         n(&["batches", "compared"]),
         n(&["batches", "equal"]),
         n(&["batches", "different"]),
+        n(&["batches", "failed"]),
         n(&["batches", "not_compared"]),
         n(&["batches", "active_failed"])
     );
@@ -107,11 +113,23 @@ pub(crate) fn render(report: &Value) -> String {
             format!(" ({by_table})")
         }
     );
+    let failures = report
+        .get("failures")
+        .and_then(Value::as_object)
+        .map(|kinds| {
+            kinds
+                .iter()
+                .map(|(kind, n)| format!("{kind} {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default();
     match report.get("failure").filter(|f| !f.is_null()) {
         Some(failure) => {
+            let _ = writeln!(out, "  failures  {failures}");
             let _ = writeln!(
                 out,
-                "  failure   {} in module `{}` on transaction {} (commit {}): {}",
+                "  last      {} in module `{}` on transaction {} (commit {}): {}",
                 field(failure, &["kind"]),
                 field(failure, &["module"]),
                 field(failure, &["xid"]),
@@ -266,11 +284,13 @@ mod tests {
         let all = CanaryStart {
             promote_after: Some(50),
             stop_on_difference: true,
+            abort_on_failure: true,
             keep: Some(3),
         };
         assert_eq!(
             start_path(base, &all),
-            "/v1/pipelines/p/modules/m/canary?promote_after=50&stop_on_difference=true&keep=3"
+            "/v1/pipelines/p/modules/m/canary?promote_after=50&stop_on_difference=true&\
+             abort_on_failure=true&keep=3"
         );
     }
 
@@ -280,10 +300,11 @@ mod tests {
             "module": "mask", "version": 4, "sha256": "0123456789abcdef", "active_version": 3,
             "state": "stopped", "reason": "failed (timeout) on transaction 9",
             "compared_after": "0/16B3F28", "effective_after": null,
-            "batches": {"compared": 5, "equal": 4, "different": 1, "not_compared": 2,
-                        "active_failed": 0},
+            "batches": {"compared": 5, "equal": 4, "different": 1, "failed": 1,
+                        "not_compared": 2, "active_failed": 0},
             "changes": {"compared": 9, "different": 1,
                         "different_by_table": {"public.users": 1}},
+            "failures": {"timeout": 1},
             "failure": {"kind": "timeout", "module": "mask", "xid": 9,
                         "commit_lsn": "0/16B4000", "message": "ran past 1s\nmore"},
             "cpu": {"canary_seconds": 0.25, "active_seconds": 0.125},
@@ -298,9 +319,10 @@ mod tests {
         for line in [
             "  why       failed (timeout) on transaction 9\n",
             "  from      the transaction after 0/16B3F28\n",
-            "  batches   5 compared: 4 equal, 1 different; 2 not compared",
+            "  batches   5 compared: 4 equal, 1 different; 1 failed in the canary; 2 not compared",
+            "  failures  timeout 1\n",
             "  changes   9 compared, 1 different (public.users 1)\n",
-            "  failure   timeout in module `mask` on transaction 9 (commit 0/16B4000): ran past 1s\n",
+            "  last      timeout in module `mask` on transaction 9 (commit 0/16B4000): ran past 1s\n",
             "  cpu       canary 0.250 s; the active chain took 0.125 s",
         ] {
             assert!(text.contains(line), "{line:?} in:\n{text}");

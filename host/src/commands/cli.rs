@@ -255,10 +255,14 @@ pub enum AdminCommand {
         /// difference and no failure.
         #[arg(long, value_name = "N", requires = "canary")]
         promote_after: Option<u64>,
-        /// With --canary: stop it at the first difference (a failure
-        /// always stops it).
+        /// With --canary: stop it at the first difference.
         #[arg(long, requires = "canary")]
         stop_on_difference: bool,
+        /// With --canary: stop it at the first failure of any kind (a trap,
+        /// a timeout or running out of memory always stops it; other
+        /// failures are counted).
+        #[arg(long, requires = "canary")]
+        abort_on_failure: bool,
         /// With --canary: how many differences to keep with their diff and
         /// fixture [default: 10, at most 100].
         #[arg(long, value_name = "N", requires = "canary")]
@@ -361,6 +365,7 @@ impl AdminCommand {
                 canary,
                 promote_after,
                 stop_on_difference,
+                abort_on_failure,
                 keep,
             } => Request::Swap {
                 pipeline,
@@ -372,6 +377,7 @@ impl AdminCommand {
                 canary: canary.then_some(CanaryStart {
                     promote_after,
                     stop_on_difference,
+                    abort_on_failure,
                     keep,
                 }),
             },

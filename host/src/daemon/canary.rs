@@ -33,7 +33,7 @@ use crate::event::{Batch, Lsn};
 use crate::transform::chain::ChainError;
 use crate::transform::chain::resolve;
 use crate::transform::encode::Item;
-use crate::transform::{Chain, Module};
+use crate::transform::{Chain, Module, TransformError};
 
 /// Batches that may wait for the canary; more are not compared.
 const QUEUE_BATCHES: usize = 32;
@@ -53,8 +53,11 @@ pub(crate) struct Options {
     /// Promote after this many batches compared with no difference and no
     /// failure.
     pub promote_after: Option<u64>,
-    /// Stop at the first difference (a failure always stops it).
+    /// Stop at the first difference.
     pub stop_on_difference: bool,
+    /// Stop at the first failure of any kind (a trap, a timeout or running
+    /// out of memory or fuel always stops it).
+    pub abort_on_failure: bool,
     /// Differences kept with their diff and fixture.
     pub keep: usize,
 }
@@ -64,6 +67,7 @@ impl Default for Options {
         Options {
             promote_after: None,
             stop_on_difference: false,
+            abort_on_failure: false,
             keep: KEEP_DEFAULT,
         }
     }
@@ -160,6 +164,8 @@ struct Report {
     by_table: BTreeMap<String, u64>,
     /// Batches the active chain failed on (not compared).
     active_failed: u64,
+    /// Batches the canary's chain failed on (not compared).
+    batches_failed: u64,
     failures: BTreeMap<&'static str, u64>,
     failure: Option<Json>,
     canary_cpu: Duration,
@@ -251,6 +257,7 @@ impl Canary {
             "options": {
                 "promote_after": run.options.promote_after,
                 "stop_on_difference": run.options.stop_on_difference,
+                "abort_on_failure": run.options.abort_on_failure,
                 "keep": run.options.keep,
             },
             "batches": {
@@ -258,6 +265,7 @@ impl Canary {
                 "equal": r.batches_compared - r.batches_different,
                 "different": r.batches_different,
                 "not_compared": behind,
+                "failed": r.batches_failed,
                 "active_failed": r.active_failed,
             },
             "changes": {
@@ -677,8 +685,9 @@ impl Worker {
             let cpu = thread_cpu().saturating_sub(started);
             match outcome {
                 Err(error) => {
-                    self.failed(&job, &error, cpu);
-                    return;
+                    if !self.failed(&job, &error, cpu) {
+                        return;
+                    }
                 }
                 Ok(outcome) => {
                     if !self.compared(&job, active, outcome, cpu) {
@@ -708,8 +717,19 @@ impl Worker {
         }
     }
 
-    fn failed(&self, job: &Job, error: &ChainError, cpu: Duration) {
+    /// Records a failure of the canary's chain; false once that ended the
+    /// run: always for a trap, a timeout or running out of memory or fuel,
+    /// and for anything with `abort_on_failure`.
+    fn failed(&self, job: &Job, error: &ChainError, cpu: Duration) -> bool {
         let kind = error.error.kind();
+        let stop = self.options.abort_on_failure
+            || matches!(
+                error.error,
+                TransformError::Trap { .. }
+                    | TransformError::Timeout(_)
+                    | TransformError::OutOfMemory(_)
+                    | TransformError::OutOfFuel(_)
+            );
         let txn = &job.batch.txn;
         let failure = json!({
             "kind": kind,
@@ -718,18 +738,24 @@ impl Worker {
             "xid": txn.xid,
             "commit_lsn": Lsn(txn.commit_lsn).to_string(),
         });
-        tracing::warn!(error = %error, xid = txn.xid, commit_lsn = %Lsn(txn.commit_lsn), "the canary failed and is stopped; the pipeline goes on");
         self.update(|r| {
             *r.failures.entry(kind).or_default() += 1;
+            r.batches_failed += 1;
             r.failure = Some(failure);
             r.canary_cpu += cpu;
             r.active_time += job.took;
         });
+        if !stop {
+            tracing::debug!(error = %error, xid = txn.xid, "the canary failed on a batch; counted, and it goes on");
+            return true;
+        }
+        tracing::warn!(error = %error, xid = txn.xid, commit_lsn = %Lsn(txn.commit_lsn), "the canary failed and is stopped; the pipeline goes on");
         self.canary.end(
             self.id,
             State::Stopped,
             format!("failed ({kind}) on transaction {}", txn.xid),
         );
+        false
     }
 
     /// Compares and records; false once the run is over.
@@ -770,6 +796,7 @@ impl Worker {
                 }
             } else if let Some(after) = self.options.promote_after
                 && r.batches_different == 0
+                && r.batches_failed == 0
                 && r.batches_compared >= after
             {
                 next = Next::Promote;

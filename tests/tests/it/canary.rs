@@ -403,8 +403,30 @@ const MEMORY_BOMB: &str = r#"(module
     (i64.const 0))
 )"#;
 
+/// An ABI v1 module whose transform traps.
+const TRAPPER: &str = r#"(module
+  (memory (export "memory") 2)
+  (func (export "datum_abi_v1"))
+  (func (export "datum_alloc") (param i32) (result i32) (i32.const 4096))
+  (func (export "datum_dealloc") (param i32 i32))
+  (func (export "datum_transform") (param i32 i32) (result i64)
+    (unreachable))
+)"#;
+
+/// An ABI v1 module that answers every batch with a byte that is not
+/// MessagePack.
+const GARBLER: &str = r#"(module
+  (memory (export "memory") 2)
+  (data (i32.const 16) "\c1")
+  (func (export "datum_abi_v1"))
+  (func (export "datum_alloc") (param i32) (result i32) (i32.const 4096))
+  (func (export "datum_dealloc") (param i32 i32))
+  (func (export "datum_transform") (param i32 i32) (result i64)
+    (i64.const 0x1000000001))
+)"#;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_canary_that_loops_or_runs_out_of_memory_is_stopped_and_the_stream_goes_on() {
+async fn a_canary_that_loops_runs_out_of_memory_or_traps_is_stopped_and_the_stream_goes_on() {
     let shop = Shop::new("hostile").await;
     let host = shop.start(&transform(
         "mask_pii",
@@ -416,7 +438,11 @@ async fn a_canary_that_loops_or_runs_out_of_memory_is_stopped_and_the_stream_goe
     wait_for_slots(&shop.client, &["datum_p"], &host).await;
     let writer = shop.writer(Duration::from_millis(5));
 
-    for (wat, kind) in [(SPINNER, "timeout"), (MEMORY_BOMB, "out_of_memory")] {
+    for (wat, kind) in [
+        (SPINNER, "timeout"),
+        (MEMORY_BOMB, "out_of_memory"),
+        (TRAPPER, "trap"),
+    ] {
         let wasm = wat::parse_str(wat).expect("WAT");
         let (status, started) = admin
             .upload("/v1/pipelines/p/modules/mask_pii/canary", &wasm, "")
@@ -546,4 +572,58 @@ fn lsn(value: &Json) -> u64 {
         .parse::<datum::Lsn>()
         .expect("an LSN")
         .0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_canary_that_answers_garbage_is_counted_and_runs_on_unless_told_to_abort() {
+    let shop = Shop::new("garbage").await;
+    let host = shop.start(&transform("mask_pii", "columns = [\"email\"]", ""));
+    let admin = Admin::new(shop.port);
+    admin.wait_running(&host).await;
+    wait_for_slots(&shop.client, &["datum_p"], &host).await;
+    let writer = shop.writer(Duration::from_millis(5));
+    let garbage = wat::parse_str(GARBLER).expect("WAT");
+    let canary = "/v1/pipelines/p/modules/mask_pii/canary";
+
+    // Counted by kind, batch after batch; it runs on, and never promotes
+    // itself.
+    let (status, body) = admin
+        .upload(&format!("{canary}?promote_after=5"), &garbage, "")
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let report = wait_report(&admin, &host, |r| {
+        r["batches"]["failed"].as_u64() >= Some(10)
+    })
+    .await;
+    assert_eq!(report["state"], "running", "{report:#}");
+    assert_eq!(
+        report["failures"]["invalid_output"],
+        report["batches"]["failed"]
+    );
+    assert_eq!(report["failure"]["kind"], "invalid_output", "{report:#}");
+    assert_eq!(report["batches"]["compared"], 0, "{report:#}");
+    let (status, body) = admin.post("/v1/pipelines/p/canary/abort", Json::Null).await;
+    assert_eq!(status, 200, "{body}");
+
+    // With abort_on_failure, the first failure stops it.
+    let (status, body) = admin
+        .upload(&format!("{canary}?abort_on_failure=true"), &garbage, "")
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let report = wait_report(&admin, &host, |r| r["state"] != "running").await;
+    assert_eq!(report["state"], "stopped", "{report:#}");
+    assert_eq!(report["batches"]["failed"], 1, "{report:#}");
+    let (status, body) = admin
+        .upload(&format!("{canary}?abort_on_failure=maybe"), &garbage, "")
+        .await;
+    assert_eq!(status, 400, "{body}");
+
+    let txns = writer.finish().await;
+    let out = wait_sink(&shop.dir, txns, &host).await;
+    assert_row_for_row(&out, txns);
+    let (_, status) = admin.get("/v1/pipelines/p").await;
+    assert_eq!(status["totals"]["module_failures"], 0, "{status:#}");
+    let (status, log) = host.stop(30);
+    assert!(status.success(), "{log}");
+    let _ = std::fs::remove_dir_all(&shop.dir);
 }

@@ -332,6 +332,7 @@ function canaryPanel(pipeline, c) {
       figure("batches compared", number(c.batches.compared), "canary-compared"),
       figure("equal", number(c.batches.equal), "canary-equal"),
       figure("different", number(c.batches.different), "canary-different"),
+      figure("failed", number(c.batches.failed), "canary-failed"),
       figure("not compared", number(c.batches.not_compared), "canary-behind"),
       figure("failures", failures || "none", "canary-failures"),
       figure("CPU, canary / active", `${number(c.cpu.canary_seconds, 3)} / ${number(c.cpu.active_seconds, 3)} s`, "canary-cpu"),
