@@ -50,6 +50,7 @@ pub fn cluster() -> Cluster {
 }
 
 pub mod browser;
+pub mod hostile;
 pub mod nats;
 
 /// A TCP port on the loopback interface that was free a moment ago.

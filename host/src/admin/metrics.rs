@@ -166,6 +166,29 @@ pub(crate) fn render(pipelines: &[Arc<PipelineControl>], store: &Store) -> Strin
     }
 
     f.header(
+        "datum_canary_batches",
+        "gauge",
+        "Batches of the pipeline's last canary by result (equal, different, failed, not_compared).",
+    );
+    for p in pipelines {
+        if let Some(canary) = p.canary.batches() {
+            let (module, version) = (canary.module, canary.version.to_string());
+            for (result, n) in canary.results {
+                f.sample(
+                    "datum_canary_batches",
+                    &[
+                        ("pipeline", &p.name),
+                        ("module", &module),
+                        ("version", &version),
+                        ("result", result),
+                    ],
+                    n as f64,
+                );
+            }
+        }
+    }
+
+    f.header(
         "datum_checkpoint_commits_total",
         "counter",
         "Durable commits of the state file's offsets (all pipelines).",

@@ -46,6 +46,19 @@ pub(crate) fn start_path(module_path: &str, start: &CanaryStart) -> String {
     path
 }
 
+/// `{"a": 1, "b": 2}` as `a 1, b 2`.
+fn counts(map: Option<&Value>) -> String {
+    map.and_then(Value::as_object)
+        .map(|entries| {
+            entries
+                .iter()
+                .map(|(key, n)| format!("{key} {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default()
+}
+
 /// The human summary of a canary report.
 pub(crate) fn render(report: &Value) -> String {
     let f = |path: &[&str]| field(report, path);
@@ -91,17 +104,7 @@ pub(crate) fn render(report: &Value) -> String {
         n(&["batches", "not_compared"]),
         n(&["batches", "active_failed"])
     );
-    let by_table = report
-        .pointer("/changes/different_by_table")
-        .and_then(Value::as_object)
-        .map(|tables| {
-            tables
-                .iter()
-                .map(|(t, n)| format!("{t} {n}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        })
-        .unwrap_or_default();
+    let by_table = counts(report.pointer("/changes/different_by_table"));
     let _ = writeln!(
         out,
         "  changes   {} compared, {} different{}",
@@ -113,17 +116,7 @@ pub(crate) fn render(report: &Value) -> String {
             format!(" ({by_table})")
         }
     );
-    let failures = report
-        .get("failures")
-        .and_then(Value::as_object)
-        .map(|kinds| {
-            kinds
-                .iter()
-                .map(|(kind, n)| format!("{kind} {n}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        })
-        .unwrap_or_default();
+    let failures = counts(report.get("failures"));
     match report.get("failure").filter(|f| !f.is_null()) {
         Some(failure) => {
             let _ = writeln!(out, "  failures  {failures}");

@@ -73,6 +73,17 @@ impl Default for Options {
     }
 }
 
+/// A canary's batches by result, for `/metrics`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Batches {
+    /// The transform.
+    pub module: String,
+    /// The canary's version.
+    pub version: u64,
+    /// `equal`, `different`, `failed` and `not_compared`, with their counts.
+    pub results: [(&'static str, u64); 4],
+}
+
 /// A candidate, compiled, checked and stored as a version.
 #[derive(Debug, Clone)]
 pub(crate) struct Candidate {
@@ -237,6 +248,27 @@ impl Canary {
             .ok_or_else(|| SwapError::Internal("the canary's report vanished".into()))
     }
 
+    /// For `/metrics`: the last canary's batches by result; None if no
+    /// canary ran since the host started.
+    pub(crate) fn batches(&self) -> Option<Batches> {
+        let run = self.lock();
+        let run = run.as_ref()?;
+        let r = &run.report;
+        Some(Batches {
+            module: run.candidate.transform.clone(),
+            version: run.candidate.version,
+            results: [
+                (
+                    "equal",
+                    r.batches_compared.saturating_sub(r.batches_different),
+                ),
+                ("different", r.batches_different),
+                ("failed", r.batches_failed),
+                ("not_compared", run.queue.behind()),
+            ],
+        })
+    }
+
     /// The report: None if no canary ran since the host started.
     pub(crate) fn report(&self, with_differences: bool) -> Option<Json> {
         let run = self.lock();
@@ -262,7 +294,7 @@ impl Canary {
             },
             "batches": {
                 "compared": r.batches_compared,
-                "equal": r.batches_compared - r.batches_different,
+                "equal": r.batches_compared.saturating_sub(r.batches_different),
                 "different": r.batches_different,
                 "not_compared": behind,
                 "failed": r.batches_failed,

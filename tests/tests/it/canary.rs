@@ -13,6 +13,7 @@ use serde_json::Value as Json;
 
 use crate::admin::{Admin, TOKEN};
 use crate::run::{Host, lines, temp_dir, toml_string, wait_for_slots};
+use datum_tests::hostile::{GARBLER, MEMORY_BOMB, SPINNER, TRAPPER};
 
 /// Tables `users` (masked) and `orders`, on a throwaway server.
 struct Shop {
@@ -233,6 +234,14 @@ async fn a_canary_identical_to_the_active_module_reports_no_difference() {
     assert_eq!(admin.active_version("mask_pii").await.0, active);
     assert_row_for_row(&out, txns);
     assert!(out.iter().all(|l| l["new"]["email"] != "user0@example.com"));
+    // The metrics count its batches.
+    let (_, metrics) = admin.get("/metrics").await;
+    let metrics = metrics.as_str().expect("the metrics text");
+    let equal = format!(
+        "datum_canary_batches{{pipeline=\"p\",module=\"mask_pii\",version=\"{version}\",result=\"equal\"}} {}",
+        report["batches"]["equal"]
+    );
+    assert!(metrics.contains(&equal), "{equal} in:\n{metrics}");
     // The status shows it; the registry keeps the version, marked.
     let (_, status) = admin.get("/v1/pipelines/p").await;
     assert_eq!(status["canary"]["version"], version, "{status:#}");
@@ -380,50 +389,6 @@ async fn a_canary_masking_one_more_column_differs_on_exactly_that_tables_changes
     assert!(status.success(), "{log}");
     let _ = std::fs::remove_dir_all(&shop.dir);
 }
-
-/// An ABI v1 module whose transform never ends.
-const SPINNER: &str = r#"(module
-  (memory (export "memory") 2)
-  (func (export "datum_abi_v1"))
-  (func (export "datum_alloc") (param i32) (result i32) (i32.const 4096))
-  (func (export "datum_dealloc") (param i32 i32))
-  (func (export "datum_transform") (param i32 i32) (result i64)
-    (loop $l (br $l))
-    (i64.const 0))
-)"#;
-
-/// An ABI v1 module whose transform grows its memory until refused.
-const MEMORY_BOMB: &str = r#"(module
-  (memory (export "memory") 2)
-  (func (export "datum_abi_v1"))
-  (func (export "datum_alloc") (param i32) (result i32) (i32.const 4096))
-  (func (export "datum_dealloc") (param i32 i32))
-  (func (export "datum_transform") (param i32 i32) (result i64)
-    (loop $l (drop (memory.grow (i32.const 16))) (br $l))
-    (i64.const 0))
-)"#;
-
-/// An ABI v1 module whose transform traps.
-const TRAPPER: &str = r#"(module
-  (memory (export "memory") 2)
-  (func (export "datum_abi_v1"))
-  (func (export "datum_alloc") (param i32) (result i32) (i32.const 4096))
-  (func (export "datum_dealloc") (param i32 i32))
-  (func (export "datum_transform") (param i32 i32) (result i64)
-    (unreachable))
-)"#;
-
-/// An ABI v1 module that answers every batch with a byte that is not
-/// MessagePack.
-const GARBLER: &str = r#"(module
-  (memory (export "memory") 2)
-  (data (i32.const 16) "\c1")
-  (func (export "datum_abi_v1"))
-  (func (export "datum_alloc") (param i32) (result i32) (i32.const 4096))
-  (func (export "datum_dealloc") (param i32 i32))
-  (func (export "datum_transform") (param i32 i32) (result i64)
-    (i64.const 0x1000000001))
-)"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_canary_that_loops_runs_out_of_memory_or_traps_is_stopped_and_the_stream_goes_on() {

@@ -414,7 +414,11 @@ async fn sigterm_with_a_stuck_module_exits_within_drain_timeout() {
         .expect("schema");
     let dir = temp_dir("drain-module");
     let spinner = dir.join("spinner.wasm");
-    std::fs::write(&spinner, wat::parse_str(SPINNER).expect("WAT")).expect("write");
+    std::fs::write(
+        &spinner,
+        wat::parse_str(datum_tests::hostile::SPINNER).expect("WAT"),
+    )
+    .expect("write");
     let extra = format!(
         "drain_timeout = \"1s\"\n[[pipeline.transforms]]\nmodule = {}\nlimits = {{ timeout = \"120s\" }}\n",
         toml_string(spinner.to_str().expect("utf-8"))
@@ -446,17 +450,6 @@ async fn sigterm_with_a_stuck_module_exits_within_drain_timeout() {
     assert_eq!(confirmed_flush(&client, "datum_p").await, before);
     let _ = std::fs::remove_dir_all(&dir);
 }
-
-/// An ABI v1 module whose transform never ends.
-const SPINNER: &str = r#"(module
-  (memory (export "memory") 2)
-  (func (export "datum_abi_v1"))
-  (func (export "datum_alloc") (param i32) (result i32) (i32.const 4096))
-  (func (export "datum_dealloc") (param i32 i32))
-  (func (export "datum_transform") (param i32 i32) (result i64)
-    (loop $l (br $l))
-    (i64.const 0))
-)"#;
 
 /// Regression: with the slot in place, a missing or empty state file (or a
 /// mistyped `state` path) started over silently (`resume_after=0/0`, no
