@@ -1079,6 +1079,9 @@ pub(crate) fn render_status(status: &Value) -> String {
             short_sha(module.get("sha256"))
         );
     }
+    if let Some(canary) = status.get("canary").filter(|c| !c.is_null()) {
+        let _ = writeln!(out, "{}", super::canary::status_line(canary));
+    }
     for snapshot in status
         .get("snapshots")
         .and_then(Value::as_array)

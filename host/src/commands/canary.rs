@@ -59,6 +59,28 @@ fn counts(map: Option<&Value>) -> String {
         .unwrap_or_default()
 }
 
+/// The canary's line in `datum admin status`.
+pub(crate) fn status_line(canary: &Value) -> String {
+    let n = |key: &str| {
+        canary
+            .pointer(&format!("/batches/{key}"))
+            .and_then(Value::as_u64)
+            .unwrap_or(0)
+    };
+    format!(
+        "  canary    {} v{} beside v{}, {}: {} batches compared, {} different, {} failed, {} \
+         not compared (`datum admin canary` for the diffs)",
+        field(canary, &["module"]),
+        field(canary, &["version"]),
+        field(canary, &["active_version"]),
+        field(canary, &["state"]),
+        n("compared"),
+        n("different"),
+        n("failed"),
+        n("not_compared")
+    )
+}
+
 /// The human summary of a canary report.
 pub(crate) fn render(report: &Value) -> String {
     let f = |path: &[&str]| field(report, path);
@@ -302,6 +324,11 @@ mod tests {
                         "commit_lsn": "0/16B4000", "message": "ran past 1s\nmore"},
             "cpu": {"canary_seconds": 0.25, "active_seconds": 0.125},
         });
+        assert_eq!(
+            status_line(&report),
+            "  canary    mask v4 beside v3, stopped: 5 batches compared, 1 different, 1 failed, \
+             2 not compared (`datum admin canary` for the diffs)"
+        );
         let text = render(&report);
         assert!(
             text.starts_with(

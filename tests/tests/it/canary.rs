@@ -313,6 +313,12 @@ async fn a_canary_masking_one_more_column_differs_on_exactly_that_tables_changes
         out.contains("canary of mask_pii") && out.contains("running"),
         "{out}"
     );
+    let (code, out, err) = datum(&["status", "p"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        out.contains("  canary    mask_pii v2 beside v1, running:"),
+        "{out}"
+    );
 
     // Slow enough for the canary to compare every batch.
     let writer = shop.writer(Duration::from_millis(10));
