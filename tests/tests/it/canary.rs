@@ -203,6 +203,12 @@ async fn a_canary_identical_to_the_active_module_reports_no_difference() {
     assert_eq!(started["active_version"], active, "{started}");
     let version = started["version"].as_u64().expect("version");
     assert!(version > active, "{started}");
+    // A pause and a resume restart the transform thread: the canary goes
+    // on with the new one.
+    let (status, body) = admin.post("/v1/pipelines/p/pause", Json::Null).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = admin.post("/v1/pipelines/p/resume", Json::Null).await;
+    assert_eq!(status, 200, "{body}");
 
     let writer = shop.writer(Duration::from_millis(5));
     wait_report(&admin, &host, |r| {
