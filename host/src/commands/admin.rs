@@ -21,7 +21,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::canary::CanaryStart;
-use super::summary::{field, short_sha};
+use super::summary::{field, list, short_sha};
 use crate::event::ordered::{Ordered, to_pretty};
 
 use crate::config::AdminConfig;
@@ -962,15 +962,7 @@ pub(crate) fn render(request: &Request, body: &str) -> String {
         }
         Request::Backfill { pipeline, .. } => format!(
             "backfill of {} started; follow it with `datum admin status {pipeline}`\n",
-            answer
-                .get("tables")
-                .and_then(Value::as_array)
-                .map(|t| t
-                    .iter()
-                    .map(|t| field(t, &[]))
-                    .collect::<Vec<_>>()
-                    .join(", "))
-                .unwrap_or_default()
+            list(answer.get("tables"))
         ),
         Request::Versions { .. } => match answer.get("modules").and_then(Value::as_array) {
             Some(modules) if modules.is_empty() => "no transform\n".to_owned(),

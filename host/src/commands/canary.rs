@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::summary::{field, short_sha};
+use super::summary::{field, list, short_sha};
 use crate::event::ordered::to_pretty;
 
 /// How a canary started by `swap --canary` ends by itself.
@@ -187,14 +187,7 @@ pub(crate) fn render(report: &Value) -> String {
                 Some(n) => format!("{n} changes"),
                 None => "? changes".to_owned(),
             },
-            d.get("tables")
-                .and_then(Value::as_array)
-                .map(|t| t
-                    .iter()
-                    .map(|t| field(t, &[]))
-                    .collect::<Vec<_>>()
-                    .join(", "))
-                .unwrap_or_default()
+            list(d.get("tables"))
         );
         for line in field(d, &["diff"]).lines() {
             let _ = writeln!(out, "  {line}");

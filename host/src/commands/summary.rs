@@ -30,3 +30,17 @@ pub(crate) fn short_sha(sha: Option<&Value>) -> String {
         None => "?".into(),
     }
 }
+
+/// A JSON array's elements as text, `a, b, c` (empty when it is not one).
+pub(crate) fn list(value: Option<&Value>) -> String {
+    value
+        .and_then(Value::as_array)
+        .map(|items| {
+            items
+                .iter()
+                .map(|item| field(item, &[]))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default()
+}
