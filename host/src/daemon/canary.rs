@@ -436,7 +436,21 @@ pub(crate) fn start(
     };
     let spawned = std::thread::Builder::new()
         .name(format!("datum-canary-{pipeline}"))
-        .spawn(move || worker.run());
+        .spawn(move || {
+            // A panic in the canary's thread ends the canary, said so in its
+            // report; the stream never depended on it.
+            let (canary, id) = (worker.canary.clone(), worker.id);
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker.run()));
+            if let Err(panic) = ran {
+                let message = super::pipeline::payload_message(panic.as_ref());
+                tracing::error!(%message, "the canary's thread panicked; the canary is stopped");
+                canary.end(
+                    id,
+                    State::Stopped,
+                    format!("its thread panicked: {message}"),
+                );
+            }
+        });
     if let Err(e) = spawned {
         canary.end(
             id,

@@ -1008,7 +1008,7 @@ pub(crate) fn panic_message(err: tokio::task::JoinError) -> String {
 }
 
 /// The text of a panic's payload, when it has one.
-fn payload_message(payload: &(dyn std::any::Any + Send)) -> String {
+pub(crate) fn payload_message(payload: &(dyn std::any::Any + Send)) -> String {
     if let Some(text) = payload.downcast_ref::<&str>() {
         (*text).to_owned()
     } else if let Some(text) = payload.downcast_ref::<String>() {
