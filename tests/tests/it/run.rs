@@ -360,6 +360,10 @@ name = "shop"
 source.url = {url}
 source.tables = ["public.customers", "public.orders"]
 sink = {sink}
+# The tables are empty at the start: no copy. (With one, a copy that
+# starts late under load can read the last row, and its end be placed after
+# the stop: the restart then copies the table again, rightly.)
+snapshot.mode = "never"
 
 [[pipeline.transforms]]
 module = {module}
@@ -426,10 +430,12 @@ config = {{ columns = ["email"], salt = "pepper" }}
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (status, log) = host.stop(20);
     assert!(status.success(), "{log}");
+    let after = output.lines();
     assert_eq!(
-        output.lines().len(),
+        after.len(),
         before,
-        "nothing replayed after a clean stop"
+        "nothing replayed after a clean stop: {:#?}\n{log}",
+        &after[before.min(after.len())..]
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
