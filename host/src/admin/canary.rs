@@ -13,7 +13,7 @@ use super::{
     vet,
 };
 use crate::daemon::canary::{self, KEEP_DEFAULT, KEEP_MAX, Options};
-use crate::daemon::hotswap::{self, KEEP_VERSIONS};
+use crate::daemon::hotswap;
 
 /// `promote_after=N`, `stop_on_difference=true`, `abort_on_failure=true`,
 /// `keep=N`.
@@ -72,23 +72,20 @@ pub(super) async fn start(
     // canary half started.
     let work = tokio::spawn(async move {
         let key = slot.key.clone();
-        let vetted = vet(engine, slot, upload).await?;
-        let stored = {
-            let (store, key) = (store.clone(), key.clone());
-            let (wasm, config, fixtures) =
-                (vetted.wasm.clone(), vetted.config.clone(), vetted.fixtures);
-            tokio::task::spawn_blocking(move || {
-                store.add_module_version(&key, &wasm, &config, "canary", fixtures, KEEP_VERSIONS)
-            })
-            .await
-            .map_err(|e| ApiError::internal(e.to_string()))??
-        };
+        let hotswap::Candidate {
+            wasm,
+            config,
+            module: compiled,
+            fixtures,
+        } = vet(engine, slot, upload).await?;
+        let version =
+            hotswap::store_version(&store, &key, wasm, &config, "canary", fixtures).await?;
         let candidate = canary::Candidate {
             transform: module,
-            version: stored.version,
-            module: vetted.module,
-            config: vetted.config,
-            fixtures: vetted.fixtures,
+            version,
+            module: compiled,
+            config,
+            fixtures,
         };
         let report = canary::start(
             &store,

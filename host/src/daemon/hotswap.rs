@@ -399,26 +399,31 @@ pub(crate) async fn swap(
         .into_iter()
         .find(|s| s.name == name)
         .ok_or_else(|| no_transform(pipeline, name))?;
-    let key = slot.key.clone();
-    let stored = {
-        let (store, key, config) = (store.clone(), key.clone(), config.clone());
-        tokio::task::spawn_blocking(move || {
-            store.add_module_version(&key, &wasm, &config, "upload", fixtures, KEEP_VERSIONS)
-        })
-        .await
-        .map_err(|e| SwapError::Internal(format!("storing the module: {e}")))??
-    };
+    let version = store_version(store, &slot.key, wasm, &config, "upload", fixtures).await?;
     activate(
-        store,
-        chain,
-        pipeline,
-        slot,
-        module,
-        stored.version,
-        config,
-        fixtures,
+        store, chain, pipeline, slot, module, version, config, fixtures,
     )
     .await
+}
+
+/// Stores a module as the next version of transform `key` (keeping the
+/// last [`KEEP_VERSIONS`]), off the async workers; its version number.
+/// `origin` says where it came from: `upload`, `canary`.
+pub(crate) async fn store_version(
+    store: &Arc<Store>,
+    key: &str,
+    wasm: Vec<u8>,
+    config: &str,
+    origin: &'static str,
+    fixtures: u64,
+) -> Result<u64, SwapError> {
+    let (store, key, config) = (store.clone(), key.to_owned(), config.to_owned());
+    let stored = tokio::task::spawn_blocking(move || {
+        store.add_module_version(&key, &wasm, &config, origin, fixtures, KEEP_VERSIONS)
+    })
+    .await
+    .map_err(|e| SwapError::Internal(format!("storing the module: {e}")))??;
+    Ok(stored.version)
 }
 
 /// Re-activates a stored version (`None`: the one active before the
