@@ -67,6 +67,23 @@ snapshot.mode = "never"
         Host::start(&self.dir, &config)
     }
 
+    /// [`Shop::start`], then waits until the admin API answers and the
+    /// slot is in use.
+    async fn run(&self, transform: &str) -> (Host, Admin) {
+        let host = self.start(transform);
+        let admin = Admin::new(self.port);
+        admin.wait_running(&host).await;
+        wait_for_slots(&self.client, &["datum_p"], &host).await;
+        (host, admin)
+    }
+
+    /// Stops the host cleanly (SIGTERM: exit 0) and removes the directory.
+    fn finish(&self, host: Host) {
+        let (status, log) = host.stop(30);
+        assert!(status.success(), "{log}");
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+
     /// Starts a writer: transactions each inserting a user and an order,
     /// and updating an earlier user every third one, until told to stop;
     /// it answers the number of transactions.
@@ -185,10 +202,9 @@ fn assert_row_for_row(out: &[Json], txns: i64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_canary_identical_to_the_active_module_reports_no_difference() {
     let shop = Shop::new("identical").await;
-    let host = shop.start(&transform("mask_pii", "columns = [\"email\"]", ""));
-    let admin = Admin::new(shop.port);
-    admin.wait_running(&host).await;
-    wait_for_slots(&shop.client, &["datum_p"], &host).await;
+    let (host, admin) = shop
+        .run(&transform("mask_pii", "columns = [\"email\"]", ""))
+        .await;
     let (active, _) = admin.active_version("mask_pii").await;
 
     let (status, started) = admin
@@ -272,18 +288,15 @@ async fn a_canary_identical_to_the_active_module_reports_no_difference() {
         .post("/v1/pipelines/p/canary/promote", Json::Null)
         .await;
     assert_eq!(status, 409);
-    let (status, log) = host.stop(30);
-    assert!(status.success(), "{log}");
-    let _ = std::fs::remove_dir_all(&shop.dir);
+    shop.finish(host);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_canary_masking_one_more_column_differs_on_exactly_that_tables_changes() {
     let shop = Shop::new("one-more-column").await;
-    let host = shop.start(&transform("mask_pii", "columns = [\"email\"]", ""));
-    let admin = Admin::new(shop.port);
-    admin.wait_running(&host).await;
-    wait_for_slots(&shop.client, &["datum_p"], &host).await;
+    let (host, admin) = shop
+        .run(&transform("mask_pii", "columns = [\"email\"]", ""))
+        .await;
 
     // Started with `datum admin swap --canary`.
     let datum = |args: &[&str]| {
@@ -397,22 +410,19 @@ async fn a_canary_masking_one_more_column_differs_on_exactly_that_tables_changes
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("exists"), "{err}");
 
-    let (status, log) = host.stop(30);
-    assert!(status.success(), "{log}");
-    let _ = std::fs::remove_dir_all(&shop.dir);
+    shop.finish(host);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_canary_that_loops_runs_out_of_memory_or_traps_is_stopped_and_the_stream_goes_on() {
     let shop = Shop::new("hostile").await;
-    let host = shop.start(&transform(
-        "mask_pii",
-        "columns = [\"email\"]",
-        "limits = { timeout = \"1s\", memory = \"32MiB\" }\n",
-    ));
-    let admin = Admin::new(shop.port);
-    admin.wait_running(&host).await;
-    wait_for_slots(&shop.client, &["datum_p"], &host).await;
+    let (host, admin) = shop
+        .run(&transform(
+            "mask_pii",
+            "columns = [\"email\"]",
+            "limits = { timeout = \"1s\", memory = \"32MiB\" }\n",
+        ))
+        .await;
     let writer = shop.writer(Duration::from_millis(5));
 
     for (wat, kind) in [
@@ -448,18 +458,13 @@ async fn a_canary_that_loops_runs_out_of_memory_or_traps_is_stopped_and_the_stre
             .all(|l| l["new"]["email"].as_str().is_some_and(|e| !e.contains('@'))),
         "every user went through the active version"
     );
-    let (status, log) = host.stop(30);
-    assert!(status.success(), "{log}");
-    let _ = std::fs::remove_dir_all(&shop.dir);
+    shop.finish(host);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn promote_and_abort_under_load_lose_nothing() {
     let shop = Shop::new("promote-abort").await;
-    let host = shop.start(&transform("tagger", "tag = \"v0\"", ""));
-    let admin = Admin::new(shop.port);
-    admin.wait_running(&host).await;
-    wait_for_slots(&shop.client, &["datum_p"], &host).await;
+    let (host, admin) = shop.run(&transform("tagger", "tag = \"v0\"", "")).await;
     let writer = shop.writer(Duration::from_millis(3));
     let wasm = example_wasm("tagger");
     let canary = "/v1/pipelines/p/modules/tagger/canary";
@@ -512,8 +517,7 @@ async fn promote_and_abort_under_load_lose_nothing() {
     let txns = writer.finish().await;
     let out = wait_sink(&shop.dir, txns, &host).await;
     let (_, module) = admin.get("/v1/pipelines/p/modules/tagger").await;
-    let (status, log) = host.stop(30);
-    assert!(status.success(), "{log}");
+    shop.finish(host);
     assert_row_for_row(&out, txns);
     // Each transaction went through the version in force when it ended:
     // v0, then v2 (by hand), then v3 (tagging v2 too); never v1.
@@ -539,7 +543,6 @@ async fn promote_and_abort_under_load_lose_nothing() {
         .map(|a| a["version"].as_u64().expect("version"))
         .collect();
     assert_eq!(activated[activated.len() - 2..], [v2, v3], "{module:#}");
-    let _ = std::fs::remove_dir_all(&shop.dir);
 }
 
 fn lsn(value: &Json) -> u64 {
@@ -554,10 +557,9 @@ fn lsn(value: &Json) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_canary_that_answers_garbage_is_counted_and_runs_on_unless_told_to_abort() {
     let shop = Shop::new("garbage").await;
-    let host = shop.start(&transform("mask_pii", "columns = [\"email\"]", ""));
-    let admin = Admin::new(shop.port);
-    admin.wait_running(&host).await;
-    wait_for_slots(&shop.client, &["datum_p"], &host).await;
+    let (host, admin) = shop
+        .run(&transform("mask_pii", "columns = [\"email\"]", ""))
+        .await;
     let writer = shop.writer(Duration::from_millis(5));
     let garbage = wat::parse_str(GARBLER).expect("WAT");
     let canary = "/v1/pipelines/p/modules/mask_pii/canary";
@@ -600,7 +602,5 @@ async fn a_canary_that_answers_garbage_is_counted_and_runs_on_unless_told_to_abo
     assert_row_for_row(&out, txns);
     let (_, status) = admin.get("/v1/pipelines/p").await;
     assert_eq!(status["totals"]["module_failures"], 0, "{status:#}");
-    let (status, log) = host.stop(30);
-    assert!(status.success(), "{log}");
-    let _ = std::fs::remove_dir_all(&shop.dir);
+    shop.finish(host);
 }
