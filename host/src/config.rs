@@ -238,6 +238,50 @@ pub struct SourceSpec {
     /// event trigger that Datum installs when permitted (`docs/schema.md`).
     #[serde(default)]
     pub capture_ddl: bool,
+    /// Drain the slot through the SQL interface while it is further behind
+    /// the server than this (`docs/source.md`, "Catch-up"), or `"off"`.
+    #[serde(default)]
+    pub catch_up: CatchUpSpec,
+}
+
+/// `catch_up`: bytes of WAL (`"256MiB"`), or `"off"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CatchUpSpec(pub Option<u64>);
+
+/// How far behind the server a slot is drained through SQL unless
+/// `catch_up` says otherwise.
+pub(crate) const DEFAULT_CATCH_UP: u64 = 256 << 20;
+
+impl Default for CatchUpSpec {
+    fn default() -> Self {
+        CatchUpSpec(Some(DEFAULT_CATCH_UP))
+    }
+}
+
+impl<'de> Deserialize<'de> for CatchUpSpec {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<CatchUpSpec, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Int(i64),
+            Text(String),
+        }
+        let bad = |what: &str| {
+            de::Error::custom(format!(
+                "`{what}` is not a size of WAL: write bytes, or a number and a unit, like \
+                 \"256MiB\", or \"off\""
+            ))
+        };
+        match Raw::deserialize(deserializer)? {
+            Raw::Int(n) => u64::try_from(n)
+                .map(|n| CatchUpSpec(Some(n)))
+                .map_err(|_| bad(&n.to_string())),
+            Raw::Text(text) if text.trim() == "off" => Ok(CatchUpSpec(None)),
+            Raw::Text(text) => parse_size(&text)
+                .map(|n| CatchUpSpec(Some(n as u64)))
+                .ok_or_else(|| bad(&text)),
+        }
+    }
 }
 
 fn yes() -> bool {

@@ -63,6 +63,7 @@ pub use checkpoint::Store;
 pub use config::{Config, OnError};
 
 // The replication source.
+pub use source::catchup::CatchUp;
 pub use source::check::{Target as CheckTarget, check_source};
 pub use source::pgoutput::{DecodeError, Message as PgoutputMessage, decode as decode_pgoutput};
 pub use source::stream::{SourceStats, run as run_source};

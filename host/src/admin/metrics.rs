@@ -103,6 +103,22 @@ pub(crate) fn render(pipelines: &[Arc<PipelineControl>], store: &Store) -> Strin
     }
 
     f.header(
+        "datum_source_mode",
+        "gauge",
+        "1 for how the source reads the slot now: streaming, or catch_up (through SQL).",
+    );
+    for p in pipelines {
+        let catching_up = p.source_stats.catching_up.load(Relaxed);
+        for (mode, on) in [("streaming", !catching_up), ("catch_up", catching_up)] {
+            f.sample(
+                "datum_source_mode",
+                &[("pipeline", &p.name), ("mode", mode)],
+                if on { 1.0 } else { 0.0 },
+            );
+        }
+    }
+
+    f.header(
         "datum_up",
         "gauge",
         "1 while the pipeline streams, with its state.",
@@ -228,7 +244,7 @@ pub(crate) fn render(pipelines: &[Arc<PipelineControl>], store: &Store) -> Strin
     );
 
     type Counter = fn(&PipelineControl) -> u64;
-    let counters: [(&str, &str, Counter); 11] = [
+    let counters: [(&str, &str, Counter); 13] = [
         ("datum_batches_in_total", "Batches from the source.", |p| {
             p.source_stats.batches.load(Relaxed)
         }),
@@ -277,6 +293,16 @@ pub(crate) fn render(pipelines: &[Arc<PipelineControl>], store: &Store) -> Strin
             "datum_reconnects_total",
             "Source sessions retried after a transient error.",
             |p| p.source_stats.reconnects.load(Relaxed),
+        ),
+        (
+            "datum_catch_ups_total",
+            "Times the source began to drain a slot far behind through SQL.",
+            |p| p.source_stats.catch_ups.load(Relaxed),
+        ),
+        (
+            "datum_catch_up_changes_total",
+            "Changes read through SQL while catching up.",
+            |p| p.source_stats.catch_up_changes.load(Relaxed),
         ),
     ];
     for (name, help, get) in counters {

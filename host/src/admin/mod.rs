@@ -757,6 +757,11 @@ pub(crate) fn status(control: &PipelineControl, store: &Store) -> Json {
             "checkpointed": checkpointed.to_string(),
             "confirmed": confirmed.to_string(),
         },
+        "source": {
+            "mode": if source.catching_up.load(Relaxed) { "catch_up" } else { "streaming" },
+            "catch_ups": source.catch_ups.load(Relaxed),
+            "catch_up_changes": source.catch_up_changes.load(Relaxed),
+        },
         "lag": lag(control, store, received, checkpointed, waiting),
         "rates": {
             "batches_per_second": batches_per_second,

@@ -1021,7 +1021,13 @@ pub(crate) fn render_status(status: &Value) -> String {
         .pointer("/lag/seconds")
         .and_then(Value::as_f64)
         .map_or_else(|| "?".into(), |s| format!("{s:.1}"));
-    let _ = writeln!(out, "  lag       {lag_bytes}, {lag_seconds} s");
+    let catching_up = status.pointer("/source/mode").and_then(Value::as_str) == Some("catch_up");
+    let mode = if catching_up {
+        " (catching up through SQL)"
+    } else {
+        ""
+    };
+    let _ = writeln!(out, "  lag       {lag_bytes}, {lag_seconds} s{mode}");
     let rate = |name: &str| {
         status
             .pointer(&format!("/rates/{name}"))

@@ -110,6 +110,11 @@ async fn prepare_pipeline(
     source.terminate_stale_holder = spec.source.terminate_stale_holder;
     source.recreate_slot = spec.source.recreate_slot;
     source.capture_ddl = spec.source.capture_ddl;
+    source.catch_up = spec
+        .source
+        .catch_up
+        .0
+        .map(crate::source::catchup::CatchUp::beyond);
     source.limits = spec.batch.limits();
 
     let mut modules = Vec::new();

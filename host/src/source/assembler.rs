@@ -119,7 +119,6 @@ impl Assembler {
 
     /// The end LSN of the last complete transaction emitted, or the resume
     /// point given at the start.
-    #[cfg(test)]
     pub(crate) fn resume_after(&self) -> Lsn {
         self.resume_after
     }

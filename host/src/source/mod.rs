@@ -7,7 +7,8 @@
 //! ([`pgoutput`]; values become typed in `crate::event::values`),
 //! assembling batches (`assembler`), the table shapes downstream was told
 //! of (`shapes`), and the streaming loop with keepalives
-//! and reconnection ([`stream`]). Connection strings and TLS are
+//! and reconnection ([`stream`]), and draining a slot that is far behind
+//! through the SQL interface ([`catchup`]). Connection strings and TLS are
 //! [`crate::pg`]'s.
 //!
 //! It does not own durability: it reports as flushed only what its
@@ -24,6 +25,7 @@
 
 pub(crate) mod assembler;
 pub(crate) mod catalog;
+pub(crate) mod catchup;
 pub(crate) mod check;
 pub(crate) mod ddl;
 pub(crate) mod pgoutput;
@@ -239,6 +241,9 @@ pub struct SourceConfig {
     /// Capture DDL statements into the stream with an event trigger
     /// (installed when missing; `source/ddl.rs`).
     pub capture_ddl: bool,
+    /// Drain a slot that is far behind through the SQL interface
+    /// ([`catchup`]); `None`: always stream.
+    pub catch_up: Option<catchup::CatchUp>,
 }
 
 impl SourceConfig {
@@ -254,6 +259,7 @@ impl SourceConfig {
             recreate_slot: false,
             follow_slot: false,
             capture_ddl: false,
+            catch_up: None,
             limits: BatchLimits::default(),
             status_interval: None,
             reconnect_initial: Duration::from_millis(250),
@@ -500,7 +506,7 @@ async fn ensure_publication(client: &Client, config: &SourceConfig) -> Result<bo
 
 /// A slot held by another process: wait briefly for a dying walsender to
 /// let go, terminate it when configured to, else refuse.
-async fn release_slot(
+pub(crate) async fn release_slot(
     client: &Client,
     config: &SourceConfig,
     pid: Option<i32>,

@@ -29,6 +29,7 @@ use tokio::time::{Interval, MissedTickBehavior};
 
 use super::assembler::Assembler;
 use super::catalog;
+use super::catchup::{self, Outcome};
 use super::pgoutput::{self, Message};
 use super::replication::{Connection, Frame};
 use super::{Positions, SourceConfig, SourceError};
@@ -67,6 +68,12 @@ pub struct SourceStats {
     /// The newest commit time among the transactions received, µs since
     /// the Unix epoch.
     pub newest_commit_time: std::sync::atomic::AtomicI64,
+    /// Draining the slot through SQL now (`super::catchup`), not streaming.
+    pub catching_up: std::sync::atomic::AtomicBool,
+    /// Times the source began to drain the slot through SQL.
+    pub catch_ups: AtomicU64,
+    /// Changes sent downstream from SQL peeks.
+    pub catch_up_changes: AtomicU64,
 }
 
 /// How often the source looks whether the checkpoint moved past what the
@@ -75,8 +82,12 @@ pub struct SourceStats {
 /// per transaction.
 const CONFIRM_PROMPTLY: Duration = Duration::from_millis(100);
 
+/// Ticks of `CONFIRM_PROMPTLY` in a row a stream must be far behind the
+/// server, with data arriving, before it leaves for a catch-up.
+const BEHIND_TICKS: u32 = 10;
+
 /// Most batches held back to go downstream together.
-const PENDING_MAX: usize = 256;
+pub(super) const PENDING_MAX: usize = 256;
 
 /// How long after a delivery downstream the next one waits for more batches
 /// to come with it. Each delivery wakes the transform thread, which wakes
@@ -119,20 +130,65 @@ pub async fn run(
     let mut backoff = Backoff::new(config.reconnect_initial, config.reconnect_max);
     let mut requested = resume_after;
     loop {
+        if let Some(catch_up) = config.catch_up {
+            let mut reader = catchup::Reader {
+                config: &config,
+                catch_up,
+                assembler: &mut assembler,
+                out: &out,
+                positions: &*positions,
+                stats: &stats,
+                requested,
+            };
+            match reader.run(shutdown.as_mut()).await {
+                Ok(Outcome::Caught) => {
+                    let checkpoint = positions.flushed();
+                    requested = requested.max(checkpoint);
+                    assembler.reconnected(checkpoint);
+                }
+                Ok(Outcome::Stopped(client)) => {
+                    drop(out);
+                    settled.await;
+                    catchup::confirm(&client, &config, positions.flushed(), &stats).await;
+                    return Ok(());
+                }
+                Err(err) if err.is_transient() => {
+                    if !retry_after(&config, &stats, &mut backoff, &err, shutdown.as_mut()).await {
+                        return Ok(());
+                    }
+                    let checkpoint = positions.flushed();
+                    requested = requested.max(checkpoint);
+                    assembler.reconnected(checkpoint);
+                    continue;
+                }
+                Err(err) => return Err(err),
+            }
+        }
         let mut session = Session {
             config: &config,
             assembler: &mut assembler,
             out: &out,
             positions: &*positions,
             stats: &stats,
-            received: requested,
+            // A catch-up read the slot up to here (perhaps finding nothing).
+            received: requested.max(Lsn(stats.received_lsn.load(Ordering::Relaxed))),
             streaming: false,
+            data_seen: false,
+            behind_ticks: 0,
         };
         let outcome = session.run(requested, shutdown.as_mut()).await;
         let streamed = session.streaming;
         let received = session.received;
         match outcome {
-            Ok(mut conn) => {
+            Ok(Exit::Behind(conn)) => {
+                // Far behind the server: the next round drains it through
+                // SQL, from the checkpoint.
+                conn.close().await;
+                let checkpoint = positions.flushed();
+                requested = requested.max(checkpoint);
+                assembler.reconnected(checkpoint);
+            }
+            Ok(Exit::Stopped(mut conn)) => {
                 // Stopped: nothing more goes downstream. The connection
                 // stays open until what is in flight is checkpointed, so
                 // that the slot hears of the final checkpoint.
@@ -151,20 +207,11 @@ pub async fn run(
                 return Ok(());
             }
             Err(err) if err.is_transient() => {
-                stats.reconnects.fetch_add(1, Ordering::Relaxed);
                 if streamed {
                     backoff.reset();
                 }
-                let wait = backoff.next_wait();
-                tracing::warn!(
-                    slot = %config.slot,
-                    error = %err,
-                    retry_in = ?wait,
-                    "replication interrupted; reconnecting"
-                );
-                tokio::select! {
-                    _ = shutdown.as_mut() => return Ok(()),
-                    _ = tokio::time::sleep(wait) => {}
+                if !retry_after(&config, &stats, &mut backoff, &err, shutdown.as_mut()).await {
+                    return Ok(());
                 }
                 let checkpoint = positions.flushed();
                 requested = requested.max(checkpoint);
@@ -175,6 +222,77 @@ pub async fn run(
     }
 }
 
+/// After a transient failure: counts it, logs it and waits the back-off;
+/// false when shutdown came first.
+async fn retry_after(
+    config: &SourceConfig,
+    stats: &SourceStats,
+    backoff: &mut Backoff,
+    err: &SourceError,
+    mut shutdown: Shutdown<'_>,
+) -> bool {
+    stats.reconnects.fetch_add(1, Ordering::Relaxed);
+    let wait = backoff.next_wait();
+    tracing::warn!(
+        slot = %config.slot,
+        error = %err,
+        retry_in = ?wait,
+        "replication interrupted; reconnecting"
+    );
+    tokio::select! {
+        _ = shutdown.as_mut() => false,
+        _ = tokio::time::sleep(wait) => true,
+    }
+}
+
+/// How a streaming session ended without an error.
+enum Exit {
+    /// Shutdown: the connection is kept for the final status update.
+    Stopped(Connection),
+    /// The slot fell behind the server by more than `source.catch_up`.
+    Behind(Connection),
+}
+
+/// One pgoutput message: decoded (the types of a new relation looked up
+/// in the catalog through `client`) and assembled; a batch when one is
+/// complete.
+pub(super) async fn assemble(
+    assembler: &mut Assembler,
+    client: &tokio_postgres::Client,
+    stats: &SourceStats,
+    data: &[u8],
+) -> Result<Option<Batch>, SourceError> {
+    stats.bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+    let message = pgoutput::decode(data)?;
+    if let Message::Relation(relation) = &message {
+        let missing = assembler.missing_types(relation);
+        if !missing.is_empty() {
+            let types = catalog::resolve_types(client, &missing).await?;
+            assembler.add_types(types);
+        }
+    }
+    assembler.push(message)
+}
+
+/// Registers `batch` with the coordinator and sends it downstream: from
+/// here on the coordinator knows it is in flight.
+pub(super) fn hand_over(
+    permit: crate::channel::Permit<'_, Batch>,
+    batch: Batch,
+    positions: &dyn Positions,
+    stats: &SourceStats,
+) -> Result<(), SourceError> {
+    let changes = batch.changes.len() as u64;
+    positions.register(&batch.txn)?;
+    stats
+        .newest_commit_time
+        .fetch_max(batch.txn.commit_time, Ordering::Relaxed);
+    permit.send(batch);
+    stats.batches.fetch_add(1, Ordering::Relaxed);
+    stats.changes.fetch_add(changes, Ordering::Relaxed);
+    Ok(())
+}
+
 struct Session<'a> {
     config: &'a SourceConfig,
     assembler: &'a mut Assembler,
@@ -183,6 +301,11 @@ struct Session<'a> {
     stats: &'a SourceStats,
     received: Lsn,
     streaming: bool,
+    /// Data arrived since the last `CONFIRM_PROMPTLY` tick.
+    data_seen: bool,
+    /// Consecutive ticks with data arriving and the slot more than
+    /// `source.catch_up` behind the server.
+    behind_ticks: u32,
 }
 
 enum Flow {
@@ -197,7 +320,7 @@ impl Session<'_> {
         &mut self,
         requested: Lsn,
         mut shutdown: Shutdown<'_>,
-    ) -> Result<Connection, SourceError> {
+    ) -> Result<Exit, SourceError> {
         let config = self.config;
         let (client, mut conn, interval) = self.start(requested).await?;
         let mut tick = tokio::time::interval(interval);
@@ -236,7 +359,7 @@ impl Session<'_> {
                         )
                         .await?
                     {
-                        return self.finish(conn).await;
+                        return self.finish(conn).await.map(Exit::Stopped);
                     }
                 } else if idle
                     && !lingering
@@ -253,7 +376,7 @@ impl Session<'_> {
                 Some(frame) => frame,
                 None => tokio::select! {
                     biased;
-                    _ = shutdown.as_mut() => return self.finish(conn).await,
+                    _ = shutdown.as_mut() => return self.finish(conn).await.map(Exit::Stopped),
                     _ = tick.tick() => {
                         self.send_status(&mut conn, false).await?;
                         continue;
@@ -264,6 +387,25 @@ impl Session<'_> {
                         let confirmed = Lsn(self.stats.confirmed_lsn.load(Ordering::Relaxed));
                         if self.positions.flushed() > confirmed {
                             self.send_status(&mut conn, false).await?;
+                        }
+                        if self.behind() {
+                            // Between transactions, with what was read
+                            // delivered: the catch-up starts cleanly.
+                            if let Flow::Stop = self
+                                .deliver_pending(
+                                    &mut pending,
+                                    &mut pending_cost,
+                                    &mut conn,
+                                    &mut tick,
+                                    shutdown.as_mut(),
+                                )
+                                .await?
+                            {
+                                return self.finish(conn).await.map(Exit::Stopped);
+                            }
+                            let lag = self.stats.server_lsn.load(Ordering::Relaxed).saturating_sub(self.received.0);
+                            tracing::info!(slot = %config.slot, lag_bytes = lag, "the stream fell far behind the server");
+                            return self.finish(conn).await.map(Exit::Behind);
                         }
                         continue;
                     }
@@ -277,6 +419,7 @@ impl Session<'_> {
             self.streaming = true;
             match frame {
                 Frame::XLogData { wal_end, data } => {
+                    self.data_seen = true;
                     if let Some(batch) = self.take(&client, wal_end, &data).await? {
                         pending_cost += batch.cost(config.limits);
                         pending.push(batch);
@@ -296,7 +439,7 @@ impl Session<'_> {
                         )
                         .await?
                     {
-                        return self.finish(conn).await;
+                        return self.finish(conn).await.map(Exit::Stopped);
                     }
                     if !self.assembler.in_transaction() {
                         self.advance(wal_end);
@@ -370,18 +513,28 @@ impl Session<'_> {
         data: &[u8],
     ) -> Result<Option<Batch>, SourceError> {
         self.advance(wal_end);
-        self.stats
-            .bytes
-            .fetch_add(data.len() as u64, Ordering::Relaxed);
-        let message = pgoutput::decode(data)?;
-        if let Message::Relation(relation) = &message {
-            let missing = self.assembler.missing_types(relation);
-            if !missing.is_empty() {
-                let types = catalog::resolve_types(client, &missing).await?;
-                self.assembler.add_types(types);
-            }
+        assemble(self.assembler, client, self.stats, data).await
+    }
+
+    /// Whether to leave streaming for a catch-up, asked every
+    /// `CONFIRM_PROMPTLY`: configured, between transactions, and for
+    /// `BEHIND_TICKS` ticks in a row data kept arriving while the server
+    /// (as last polled) was further ahead of what was read than the
+    /// threshold. A quiet slot is never behind: its position follows the
+    /// walsender's keepalives, and other databases' WAL is not its backlog.
+    fn behind(&mut self) -> bool {
+        let Some(catch_up) = self.config.catch_up else {
+            return false;
+        };
+        let server = self.stats.server_lsn.load(Ordering::Relaxed);
+        let far = server.saturating_sub(self.received.0) > catch_up.threshold;
+        if far && self.data_seen {
+            self.behind_ticks = self.behind_ticks.saturating_add(1);
+        } else {
+            self.behind_ticks = 0;
         }
-        self.assembler.push(message)
+        self.data_seen = false;
+        self.behind_ticks >= BEHIND_TICKS && !self.assembler.in_transaction()
     }
 
     fn advance(&mut self, lsn: Lsn) {
@@ -436,7 +589,6 @@ impl Session<'_> {
         tick: &mut Interval,
         mut shutdown: Shutdown<'_>,
     ) -> Result<Flow, SourceError> {
-        let changes = batch.changes.len() as u64;
         loop {
             tokio::select! {
                 biased;
@@ -446,15 +598,7 @@ impl Session<'_> {
                         // The consumer is gone: nothing left to stream for.
                         return Ok(Flow::Stop);
                     };
-                    // Registered before it leaves: from here on the
-                    // coordinator knows it is in flight.
-                    self.positions.register(&batch.txn)?;
-                    self.stats
-                        .newest_commit_time
-                        .fetch_max(batch.txn.commit_time, Ordering::Relaxed);
-                    permit.send(batch);
-                    self.stats.batches.fetch_add(1, Ordering::Relaxed);
-                    self.stats.changes.fetch_add(changes, Ordering::Relaxed);
+                    hand_over(permit, batch, self.positions, self.stats)?;
                     return Ok(Flow::Continue);
                 }
                 _ = tick.tick() => self.send_status(conn, false).await?,

@@ -3,7 +3,10 @@
 //! then checkpoints in `STATE`. The tests kill it with SIGKILL at random
 //! moments and compare the log with the source.
 //!
-//! `crash-pipeline CONNINFO STATE LOG ACK_DELAY_MS`
+//! `crash-pipeline CONNINFO STATE LOG ACK_DELAY_MS [CATCH_UP_WINDOW]`
+//!
+//! With `CATCH_UP_WINDOW`, the slot is drained through SQL while it is
+//! behind at all (`source.catch_up` of 0 bytes), in peeks of that many rows.
 //!
 //! Line format: `COMMIT_LSN END_LSN CHUNK LAST id,id,...`.
 
@@ -56,11 +59,21 @@ async fn main() {
     // start-up must stop the pipeline cleanly too. "ready" tells the test.
     let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
         .expect("SIGINT handler");
+    // Log lines on stderr: the tests look for the catch-up's.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_env_filter(tracing_subscriber::EnvFilter::new("datum=info"))
+        .init();
     println!("ready");
     let args: Vec<String> = std::env::args().collect();
-    let [_, conninfo, state, log, delay] = &args[..] else {
-        eprintln!("usage: crash-pipeline CONNINFO STATE LOG ACK_DELAY_MS");
-        std::process::exit(2);
+    let (conninfo, state, log, delay, window) = match &args[..] {
+        [_, conninfo, state, log, delay] => (conninfo, state, log, delay, None),
+        [_, conninfo, state, log, delay, window] => (conninfo, state, log, delay, Some(window)),
+        _ => {
+            eprintln!("usage: crash-pipeline CONNINFO STATE LOG ACK_DELAY_MS [CATCH_UP_WINDOW]");
+            std::process::exit(2);
+        }
     };
     let mut source = SourceConfig::new(conninfo.parse().expect("conninfo"), "pub", "slot");
     source.tables = vec!["t".into()];
@@ -68,6 +81,10 @@ async fn main() {
     source.reconnect_initial = Duration::from_millis(50);
     // The previous incarnation's walsender may linger briefly.
     source.terminate_stale_holder = true;
+    source.catch_up = window.map(|w| datum::CatchUp {
+        threshold: 0,
+        window: w.parse().expect("catch-up window"),
+    });
     let store = Arc::new(Store::open(state).expect("state file"));
     let file = std::fs::OpenOptions::new()
         .create(true)

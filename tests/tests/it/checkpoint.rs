@@ -254,16 +254,21 @@ fn read_log(path: &Path) -> Vec<Line> {
         .collect()
 }
 
-/// Starts the pipeline process and waits until it handles SIGINT.
-fn spawn_pipeline(conninfo: &str, state: &Path, log: &Path) -> Child {
+/// Starts the pipeline process and waits until it handles SIGINT; with
+/// `catch_up`, it drains the slot through SQL in peeks of that many rows
+/// while it is behind at all.
+fn spawn_pipeline(conninfo: &str, state: &Path, log: &Path, catch_up: Option<u32>) -> Child {
+    let mut args = vec![
+        conninfo.to_owned(),
+        state.display().to_string(),
+        log.display().to_string(),
+        "2".to_owned(),
+    ];
+    args.extend(catch_up.map(|w| w.to_string()));
     let mut child = Command::new(env!("CARGO_BIN_EXE_crash-pipeline"))
-        .args([
-            conninfo,
-            &state.display().to_string(),
-            &log.display().to_string(),
-            "2",
-        ])
+        .args(args)
         .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("crash-pipeline");
     let mut line = String::new();
@@ -276,6 +281,22 @@ fn spawn_pipeline(conninfo: &str, state: &Path, log: &Path) -> Child {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_host_resumes_with_replays_only_from_the_unchecked_tail() {
+    killed_host_resumes(None).await;
+}
+
+/// The same kills while the host drains the slot through SQL (`catch_up`),
+/// from a backlog written before its first start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_killed_while_catching_up_through_sql_resumes_with_replays_only_from_the_unchecked_tail()
+ {
+    killed_host_resumes(Some(20)).await;
+}
+
+/// Kills the host at random moments while a writer runs, then lets it
+/// finish: every row arrives, in commit order within each incarnation,
+/// replays come only from after the checkpoint each resumed from, and the
+/// slot is never confirmed past the state file's checkpoint.
+async fn killed_host_resumes(catch_up: Option<u32>) {
     let pg = cluster();
     let client = connect(&pg.conninfo("postgres")).await;
     client
@@ -291,13 +312,22 @@ async fn a_killed_host_resumes_with_replays_only_from_the_unchecked_tail() {
         .expect("prepare");
 
     // The writer: 200 transactions of 1 to 7 rows (some chunked, the child
-    // cuts at 3 rows), spread over the kills.
+    // cuts at 3 rows), spread over the kills. For a catch-up, the first 100
+    // are a backlog written before the first start.
     let writer_conninfo = pg.conninfo("postgres");
+    let backlog = if catch_up.is_some() { 100 } else { 0 };
+    let (written_tx, written_rx) = oneshot::channel();
     let writer = tokio::spawn(async move {
         let client = connect(&writer_conninfo).await;
         let mut next = 1i64;
         let mut sizes = Vec::new();
+        let mut written_tx = Some(written_tx);
         for txn in 0..200 {
+            if txn == backlog
+                && let Some(tx) = written_tx.take()
+            {
+                let _ = tx.send(());
+            }
             let rows = txn % 7 + 1;
             client
                 .batch_execute(&format!(
@@ -316,12 +346,27 @@ async fn a_killed_host_resumes_with_replays_only_from_the_unchecked_tail() {
     // Kill the host at random moments; note the checkpoint each restart
     // resumes from, and where in the log it restarted.
     let mut restarts = Vec::new();
+    let mut catch_ups = 0;
+    written_rx.await.expect("backlog written");
     for _ in 0..6 {
-        let mut child = spawn_pipeline(&pg.conninfo("postgres"), &state, &log);
+        let mut child = spawn_pipeline(&pg.conninfo("postgres"), &state, &log, catch_up);
         tokio::time::sleep(Duration::from_millis(150 + rng.below(350))).await;
         child.kill().expect("SIGKILL");
         child.wait().expect("reap");
-        restarts.push((read_log(&log).len(), stored(&state, "p")));
+        let mut logs = String::new();
+        if let Some(mut stderr) = child.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut stderr, &mut logs);
+        }
+        catch_ups += logs.matches("draining it through SQL").count();
+        // The slot's position first: the checkpoint only grows.
+        let confirmed = confirmed_flush(&client, "slot").await;
+        let checkpoint = stored(&state, "p");
+        assert!(
+            confirmed.0 <= checkpoint || checkpoint == 0,
+            "the slot was confirmed at {confirmed}, past the checkpoint {}",
+            Lsn(checkpoint)
+        );
+        restarts.push((read_log(&log).len(), checkpoint));
     }
     let total = writer.await.expect("writer");
     // The last incarnation starts from this checkpoint; a killed one may
@@ -329,7 +374,7 @@ async fn a_killed_host_resumes_with_replays_only_from_the_unchecked_tail() {
     // then the last incarnation must deliver them again before it is
     // stopped.
     let (final_start, final_from) = (read_log(&log).len(), stored(&state, "p"));
-    let mut child = spawn_pipeline(&pg.conninfo("postgres"), &state, &log);
+    let mut child = spawn_pipeline(&pg.conninfo("postgres"), &state, &log, catch_up);
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let lines = read_log(&log);
@@ -356,6 +401,12 @@ async fn a_killed_host_resumes_with_replays_only_from_the_unchecked_tail() {
         .status();
     let status = child.wait().expect("reap");
     assert!(status.success(), "a clean stop on SIGINT: {status:?}");
+    if catch_up.is_some() {
+        assert!(
+            catch_ups >= 1,
+            "no incarnation drained the backlog through SQL"
+        );
+    }
 
     let lines = read_log(&log);
     // Every row at least once.

@@ -4,6 +4,7 @@
 
 mod admin;
 mod canary;
+mod catchup;
 mod checkpoint;
 mod dashboard;
 mod demo;
