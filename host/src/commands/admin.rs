@@ -1676,10 +1676,15 @@ sink.type = "stdout"
         ]);
         status["state"] = "failed".into();
         status["lag"]["bytes"] = 2_500_000.into();
+        status["source"] =
+            serde_json::json!({"mode": "catch_up", "catch_ups": 1, "catch_up_changes": 10});
         status["last_error"] = serde_json::json!({"message": "sink refused\nHTTP 400", "at": 1_764_669_600_000_000_i64});
         let text = render_status(&status);
         assert!(text.starts_with("shop: failed\n"), "{text}");
-        assert!(text.contains("  lag       2.4 MiB, 0.0 s\n"), "{text}");
+        assert!(
+            text.contains("  lag       2.4 MiB, 0.0 s (catching up through SQL)\n"),
+            "{text}"
+        );
         assert!(
             text.contains(
                 "  modules   mask_pii v3 (sha256 9f86d081884c)\n            enrich v1 (sha256 2c26b46b68ff)\n"

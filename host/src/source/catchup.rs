@@ -65,6 +65,8 @@ struct Window {
     rows: u64,
     /// Batches sent downstream: those not sent before.
     sent: u64,
+    /// How long the server took to send the first row.
+    first_row: Option<std::time::Duration>,
 }
 
 /// How a catch-up ended.
@@ -122,6 +124,19 @@ impl Reader<'_> {
         let names = quote_ident(&config.publication);
         let mut entered = false;
         loop {
+            // A peek starts at the slot's confirmed position, which may not
+            // pass the checkpoint: peeking before the previous window is
+            // checkpointed would have the server decode, and the source
+            // skip, what is still in flight. (Measured both ways: the
+            // drain took as long; the server did less.)
+            if entered
+                && !self
+                    .checkpoint_reaches(self.assembler.resume_after(), shutdown.as_mut())
+                    .await
+            {
+                self.stats.catching_up.store(false, Ordering::Relaxed);
+                return Ok(Outcome::Stopped(peek));
+            }
             let flushed = self.positions.flushed();
             self.advance_slot(&peek, flushed).await?;
             // Flushed WAL: a peek decodes at least up to here.
@@ -149,9 +164,13 @@ impl Reader<'_> {
             // The server starts again at a transaction boundary and sends
             // Relation messages anew; what was already sent is skipped.
             self.assembler.reconnected(flushed);
+            let began = std::time::Instant::now();
             let window = self
                 .window(&peek, &lookups, &statement, &names, shutdown.as_mut())
                 .await;
+            if let Ok(Some(w)) = &window {
+                tracing::debug!(slot = %config.slot, rows = w.rows, sent = w.sent, first_row_ms = w.first_row.map(|d| d.as_millis() as u64), took_ms = began.elapsed().as_millis() as u64, from = %flushed, "peeked");
+            }
             match window {
                 Ok(Some(Window { rows: 0, .. })) => {
                     // Nothing for this slot up to `server`: with nothing
@@ -162,15 +181,6 @@ impl Reader<'_> {
                         .fetch_max(server.0, Ordering::Relaxed);
                     self.positions.idle(server);
                     break;
-                }
-                Ok(Some(Window { sent: 0, .. })) => {
-                    // Everything in it was sent before and is not yet
-                    // checkpointed (downstream is slow or paused): the
-                    // next peek waits until the checkpoint moves.
-                    if !self.checkpoint_moves(flushed, shutdown.as_mut()).await {
-                        self.stats.catching_up.store(false, Ordering::Relaxed);
-                        return Ok(Outcome::Stopped(peek));
-                    }
                 }
                 Ok(Some(_)) => {}
                 Ok(None) => {
@@ -194,13 +204,13 @@ impl Reader<'_> {
         Ok(Outcome::Caught)
     }
 
-    /// Waits until the checkpoint passes `flushed`; false on shutdown.
-    async fn checkpoint_moves(&self, flushed: Lsn, mut shutdown: Shutdown<'_>) -> bool {
-        while self.positions.flushed() <= flushed {
+    /// Waits until the checkpoint reaches `target`; false on shutdown.
+    async fn checkpoint_reaches(&self, target: Lsn, mut shutdown: Shutdown<'_>) -> bool {
+        while self.positions.flushed() < target {
             tokio::select! {
                 biased;
                 _ = shutdown.as_mut() => return false,
-                _ = tokio::time::sleep(std::time::Duration::from_millis(20)) => {}
+                _ = tokio::time::sleep(std::time::Duration::from_millis(2)) => {}
             }
         }
         true
@@ -226,7 +236,12 @@ impl Reader<'_> {
             }
         };
         let mut rows = std::pin::pin!(rows);
-        let mut count = Window { rows: 0, sent: 0 };
+        let asked = std::time::Instant::now();
+        let mut count = Window {
+            rows: 0,
+            sent: 0,
+            first_row: None,
+        };
         let mut pending: Vec<Batch> = Vec::new();
         let mut pending_cost = 0usize;
         loop {
@@ -237,6 +252,7 @@ impl Reader<'_> {
             };
             let Some(row) = row else { break };
             count.rows += 1;
+            count.first_row.get_or_insert_with(|| asked.elapsed());
             let lsn: PgLsn = row.try_get(0).map_err(SourceError::Sql)?;
             let data: &[u8] = row.try_get(1).map_err(SourceError::Sql)?;
             let lsn = Lsn(u64::from(lsn));

@@ -202,10 +202,226 @@ async fn a_slot_drained_through_sql_yields_exactly_the_batches_streaming_does() 
         "the new change was streamed"
     );
     source.stop().await.expect("a clean stop");
-    // A clean stop leaves the slot at the checkpoint.
-    let confirmed = confirmed_flush(&client, "caught").await;
-    assert!(
-        confirmed >= Lsn(batch.txn.end_lsn),
-        "the slot stayed at {confirmed}"
+    // A clean stop leaves the slot at the checkpoint (the walsender takes
+    // the final status update as it ends).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let confirmed = confirmed_flush(&client, "caught").await;
+        if confirmed >= Lsn(batch.txn.end_lsn) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the slot stayed at {confirmed}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A stream that falls far behind the server (its consumer is slow, the
+/// writer fast) leaves for a catch-up and comes back, delivering every
+/// transaction once and in commit order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_falling_far_behind_switches_to_catch_up_and_back_without_loss_or_disorder() {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    sql(
+        &client,
+        &[
+            "CREATE TABLE t (id int PRIMARY KEY, body text)",
+            "CREATE TABLE done (id int PRIMARY KEY)",
+        ],
+    )
+    .await;
+    let mut cfg = config(&pg, "pub", "slot", &["t", "done"]);
+    cfg.catch_up = Some(CatchUp {
+        threshold: 256 << 10,
+        window: 2_000,
+    });
+    let mut source = Running::start(cfg, Lsn::ZERO, 4).await;
+    // The host polls the server's position; here the test does.
+    let stats = source.stats.clone();
+    let poll_conninfo = pg.conninfo("postgres");
+    let poller = tokio::spawn(async move {
+        let client = connect(&poll_conninfo).await;
+        loop {
+            let row = client
+                .query_one("SELECT (pg_current_wal_lsn() - '0/0')::int8", &[])
+                .await
+                .expect("lsn");
+            stats
+                .server_lsn
+                .fetch_max(row.get::<_, i64>(0) as u64, Relaxed);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    // 400 transactions of 10 rows with 200-byte bodies: several MiB of WAL,
+    // written much faster than the consumer below reads.
+    sql(
+        &client,
+        &[
+            "DO $$ BEGIN FOR i IN 0..399 LOOP
+             INSERT INTO t SELECT g, repeat('x', 200) FROM generate_series(i * 10, i * 10 + 9) g;
+             COMMIT;
+           END LOOP; END $$",
+            "INSERT INTO done VALUES (1)",
+        ],
+    )
+    .await;
+    let mut ids = Vec::new();
+    let mut last_end = Lsn::ZERO;
+    loop {
+        let batch = source.next(60).await;
+        assert!(Lsn(batch.txn.end_lsn) > last_end, "commit order");
+        last_end = Lsn(batch.txn.end_lsn);
+        source.checkpoint(&batch);
+        let lines = render(&batch);
+        if lines.iter().any(|l| l.starts_with("I public.done")) {
+            break;
+        }
+        for change in &batch.changes {
+            if let datum::Change::Insert { new, .. } = change
+                && let Some(datum_guest::Value::Int(id)) = new.first()
+            {
+                ids.push(*id);
+            }
+        }
+        // A slow consumer: 400 transactions take over 2 s to read.
+        tokio::time::sleep(Duration::from_millis(6)).await;
+    }
+    poller.abort();
+    assert_eq!(
+        ids,
+        (0..4000).collect::<Vec<i64>>(),
+        "every row once, in order"
     );
+    let stats = source.stats.clone();
+    assert!(
+        stats.catch_ups.load(Relaxed) >= 1,
+        "the stream never left for a catch-up"
+    );
+    assert!(stats.catch_up_changes.load(Relaxed) > 0);
+    // Back to streaming once caught up.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while stats.catching_up.load(Relaxed) {
+        assert!(std::time::Instant::now() < deadline, "still catching up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    source.stop().await.expect("a clean stop");
+}
+
+/// The real host with `source.catch_up`: started far behind, it drains the
+/// backlog through SQL, says so in its status and metrics, then streams.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_started_far_behind_catches_up_through_sql_then_streams() {
+    use crate::run::{Host, lines, temp_dir, toml_string, wait_for_line, wait_for_slots};
+    const TOKEN: &str = "catch-up-admin-token-0123456789abcdef";
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    sql(&client, &["CREATE TABLE t (id int PRIMARY KEY, body text)"]).await;
+    let dir = temp_dir("catch-up");
+    let port = datum_tests::free_port();
+    let out = dir.join("out.jsonl");
+    let toml = format!(
+        r#"
+state = {state}
+
+[admin]
+listen = "127.0.0.1:{port}"
+token = "{TOKEN}"
+
+[[pipeline]]
+name = "p"
+source.url = {url}
+source.tables = ["public.t"]
+source.catch_up = "1MiB"
+sink = {{ type = "file", path = {out} }}
+snapshot.mode = "never"
+"#,
+        state = toml_string(dir.join("state.redb").to_str().expect("utf-8")),
+        url = toml_string(&pg.conninfo("postgres")),
+        out = toml_string(out.to_str().expect("utf-8")),
+    );
+    let host = Host::start(&dir, &toml);
+    wait_for_slots(&client, &["datum_p"], &host).await;
+    sql(&client, &["INSERT INTO t VALUES (0, 'first')"]).await;
+    wait_for_line(&out, &host, |l| l["new"]["id"] == 0);
+    let (status, log) = host.stop(30);
+    assert!(status.success(), "{log}");
+
+    // While the host is down: 50,000 rows in 100-row transactions, about
+    // 15 MiB of WAL.
+    sql(
+        &client,
+        &["DO $$ BEGIN FOR i IN 0..499 LOOP
+             INSERT INTO t SELECT g, repeat('y', 150) FROM generate_series(i * 100 + 1, i * 100 + 100) g;
+             COMMIT;
+           END LOOP; END $$"],
+    )
+    .await;
+    let host = Host::start(&dir, &toml);
+    wait_for_line(&out, &host, |l| l["new"]["id"] == 50_000);
+    let get = |path: &'static str| async move {
+        reqwest::Client::new()
+            .get(format!("http://127.0.0.1:{port}{path}"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("the admin API answers")
+            .text()
+            .await
+            .expect("body")
+    };
+    let metrics = get("/metrics").await;
+    assert!(
+        metrics.contains("datum_catch_ups_total{pipeline=\"p\"} 1\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("datum_catch_up_changes_total{pipeline=\"p\"} 50000\n"),
+        "every change of the backlog came through SQL:\n{metrics}"
+    );
+    assert!(log_has(&host, "draining it through SQL"), "{}", host.log());
+    // Caught up: streaming, which the status, the metrics and the next
+    // insert show.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let status: serde_json::Value =
+            serde_json::from_str(&get("/v1/pipelines/p").await).expect("json");
+        if status["source"]["mode"] == "streaming" {
+            assert_eq!(status["source"]["catch_ups"], 1);
+            break;
+        }
+        assert_eq!(status["source"]["mode"], "catch_up");
+        assert!(std::time::Instant::now() < deadline, "{status}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        get("/metrics")
+            .await
+            .contains("datum_source_mode{pipeline=\"p\",mode=\"streaming\"} 1\n")
+    );
+    sql(&client, &["INSERT INTO t VALUES (60000, 'live')"]).await;
+    wait_for_line(&out, &host, |l| l["new"]["id"] == 60_000);
+    assert!(
+        get("/metrics")
+            .await
+            .contains("datum_catch_up_changes_total{pipeline=\"p\"} 50000\n"),
+        "the live insert was streamed"
+    );
+    let (status, log) = host.stop(30);
+    assert!(status.success(), "{log}");
+    let mut ids: Vec<i64> = lines(&out)
+        .iter()
+        .filter_map(|l| l["new"]["id"].as_i64())
+        .collect();
+    ids.sort_unstable();
+    let mut expected: Vec<i64> = (0..=50_000).collect();
+    expected.push(60_000);
+    assert_eq!(ids, expected, "every row exactly once");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn log_has(host: &crate::run::Host, what: &str) -> bool {
+    host.log().contains(what)
 }

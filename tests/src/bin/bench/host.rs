@@ -71,6 +71,9 @@ pub struct PipelineDef {
     /// The `[pipeline.sink]` table's keys, in TOML; `None`: a file sink in
     /// the host's directory.
     pub sink: Option<String>,
+    /// `source.catch_up`; `None`: `"off"`, so that every figure but the
+    /// catch-up's measures the streaming path.
+    pub catch_up: Option<String>,
 }
 
 impl PipelineDef {
@@ -112,8 +115,13 @@ impl Host {
                 )
             });
             config.push_str(&format!(
-                "\n[[pipeline]]\nname = \"{}\"\n{}\n[pipeline.source]\nurl = \"{}\"\nslot = \"{}\"\npublication = \"{publication}\"\nadopt_slot = true\n\n{}\n[pipeline.sink]\n{sink}",
-                p.name, p.extra, p.conninfo, p.slot, p.transforms,
+                "\n[[pipeline]]\nname = \"{}\"\n{}\n[pipeline.source]\nurl = \"{}\"\nslot = \"{}\"\npublication = \"{publication}\"\nadopt_slot = true\ncatch_up = \"{}\"\n\n{}\n[pipeline.sink]\n{sink}",
+                p.name,
+                p.extra,
+                p.conninfo,
+                p.slot,
+                p.catch_up.as_deref().unwrap_or("off"),
+                p.transforms,
             ));
         }
         let config_path = dir.join("datum.toml");
@@ -122,7 +130,10 @@ impl Host {
         let child = Command::new(datum)
             .arg("run")
             .arg(&config_path)
-            .env("RUST_LOG", "warn")
+            .env(
+                "RUST_LOG",
+                std::env::var("DATUM_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
@@ -142,7 +153,7 @@ impl Host {
         self.child.id()
     }
 
-    fn log(&self) -> String {
+    pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("datum.log")).unwrap_or_default()
     }
 

@@ -215,6 +215,7 @@ pub async fn run(bench: &mut Bench) -> Table {
             bench.args.chunk_size_toml()
         ),
         sink: None,
+        catch_up: None,
     }];
     let host = Host::start(&bench.datum, &dir, PUBLICATION, &pipelines).await;
     let baseline_file = dir.join("baseline.txt");

@@ -5,7 +5,7 @@
 //! figure.
 //!
 //! `cargo run --release -p datum-tests --bin bench -- [--quick] [--changes N]
-//! [--reps N] [--only throughput,transforms,checkpoints,hotswap,canary,nats,latency,memory,scaleout,snapshot]`
+//! [--reps N] [--only throughput,transforms,checkpoints,hotswap,canary,catchup,nats,latency,memory,scaleout,snapshot]`
 //! (`just bench` builds the release `datum` and the example modules first).
 
 mod host;
@@ -112,7 +112,7 @@ fn usage(problem: &str) -> ! {
     }
     eprintln!(
         "usage: bench [--quick] [--changes N] [--reps N] [--chunk-size N] \
-         [--only throughput,transforms,checkpoints,hotswap,canary,nats,latency,memory,scaleout,snapshot]"
+         [--only throughput,transforms,checkpoints,hotswap,canary,catchup,nats,latency,memory,scaleout,snapshot]"
     );
     std::process::exit(2)
 }
@@ -417,6 +417,56 @@ impl Bench {
         }
     }
 
+    /// A drain with catch-up: like `run_datum`, and when the
+    /// source's status said it drained through SQL and when it streamed
+    /// again (polled every 5 ms).
+    async fn run_catch_up(&self, host: &Host, pipeline: &str, end: Lsn) -> CatchUpRun {
+        let cpu = cpu_seconds(host.pid()).expect("the host's CPU time");
+        let start_lsn = host.checkpointed(pipeline).await;
+        let started = Instant::now();
+        host.resume(pipeline).await;
+        let deadline = started + Duration::from_secs(1800);
+        let (mut entered, mut left, mut switched_at) = (None, None, Lsn::ZERO);
+        loop {
+            let status = host.status(pipeline).await;
+            let checkpointed: Lsn = status["lsn"]["checkpointed"]
+                .as_str()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or_default();
+            if status["source"]["mode"].as_str() == Some("catch_up") {
+                entered.get_or_insert(started.elapsed());
+            } else if entered.is_some() && left.is_none() {
+                left = Some(started.elapsed());
+                switched_at = checkpointed;
+            }
+            if checkpointed >= end {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "pipeline {pipeline} did not reach {end}: {status}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let elapsed = started.elapsed();
+        let host_cpu = cpu_seconds(host.pid()).expect("the host's CPU time") - cpu;
+        if std::env::var_os("DATUM_BENCH_LOG").is_some() {
+            for line in host.log().lines().filter(|l| l.contains("peeked")) {
+                println!("  {line}");
+            }
+        }
+        host.pause(pipeline).await;
+        let _ = std::fs::remove_file(host.dir.join(format!("{pipeline}.jsonl")));
+        let span = end.0.saturating_sub(start_lsn.0).max(1) as f64;
+        CatchUpRun {
+            elapsed,
+            host_cpu,
+            entered,
+            left,
+            switched_share: switched_at.0.saturating_sub(start_lsn.0) as f64 / span,
+        }
+    }
+
     async fn run_baseline(&self, slot: &str, transport: Transport, end: Lsn) -> host::Drained {
         recvlogical(
             host::Recvlogical {
@@ -507,6 +557,25 @@ impl Bench {
             ],
         );
 
+        let mut catch_up = Table::new(
+            format!(
+                "Catch-up: a slot {} changes behind (catch_up = \"{CATCH_UP}\"), identity → file sink, TCP (one run each; the others are the medians above)",
+                grouped(n as f64)
+            ),
+            &[
+                "workload",
+                "pg_recvlogical changes/s",
+                "Datum streaming changes/s",
+                "Datum catch-up changes/s",
+                "vs pg_recvlogical",
+                "vs streaming",
+                "catching up from",
+                "streaming again at",
+                "until checkpointed",
+                "host CPU s/M changes",
+            ],
+        );
+
         let mut nats = Table::new(
             format!(
                 "NATS JetStream sink: {} changes, identity, TCP (one run each; the file sink's figure is the median above)",
@@ -530,8 +599,20 @@ impl Bench {
                     self.transforms(&[("identity", "{}")]),
                     "group_commit = \"off\"".into(),
                 )],
+                "mixed" if self.args.runs("catchup") => vec![(
+                    "catchup",
+                    self.transforms(&[("identity", "{}")]),
+                    String::new(),
+                )],
                 "t100" => {
                     let mut extras = Vec::new();
+                    if self.args.runs("catchup") {
+                        extras.push((
+                            "catchup",
+                            self.transforms(&[("identity", "{}")]),
+                            String::new(),
+                        ));
+                    }
                     if self.args.runs("transforms") {
                         extras.push((
                             "mask",
@@ -604,6 +685,7 @@ impl Bench {
                         transforms: self.transforms(&[("identity", "{}")]),
                         extra: String::new(),
                         sink: None,
+                        catch_up: None,
                     });
                 }
             }
@@ -617,6 +699,7 @@ impl Bench {
                     transforms: transforms.clone(),
                     extra: extra.clone(),
                     sink: (*key == "nats").then(|| self.nats_sink()),
+                    catch_up: (*key == "catchup").then(|| CATCH_UP.to_owned()),
                 });
             }
             let host = Host::start(
@@ -772,6 +855,32 @@ impl Bench {
                             ),
                         ]);
                     }
+                    "catchup" => {
+                        let run = self.run_catch_up(&host, &name, end).await;
+                        let rate = n as f64 / run.elapsed.as_secs_f64();
+                        let at = |d: Option<Duration>| {
+                            d.map_or_else(|| "—".into(), |d| format!("{:.2} s", d.as_secs_f64()))
+                        };
+                        catch_up.row(vec![
+                            workload.label.to_owned(),
+                            grouped(baseline_rate),
+                            grouped(identity_rate),
+                            grouped(rate),
+                            format!("{:.2}×", rate / baseline_rate),
+                            format!("{:.2}×", rate / identity_rate),
+                            at(run.entered),
+                            match run.left {
+                                Some(left) => format!(
+                                    "{} ({:.0}% of the WAL checkpointed)",
+                                    at(Some(left)),
+                                    run.switched_share * 100.0
+                                ),
+                                None => "after the end".into(),
+                            },
+                            format!("{:.2} s", run.elapsed.as_secs_f64()),
+                            format!("{:.2}", per_m(run.host_cpu)),
+                        ]);
+                    }
                     "nats" => {
                         let run = self.run_datum(&host, &name, end).await;
                         let rate = n as f64 / run.elapsed.as_secs_f64();
@@ -804,7 +913,15 @@ impl Bench {
             let _ = std::fs::remove_dir_all(self.dir.join(workload.key));
             self.drop_slots().await;
         }
-        for table in [throughput, transforms, checkpoints, hotswap, canary, nats] {
+        for table in [
+            throughput,
+            transforms,
+            checkpoints,
+            hotswap,
+            canary,
+            catch_up,
+            nats,
+        ] {
             if !table.rows.is_empty() {
                 self.tables.push(table);
             }
@@ -885,6 +1002,7 @@ impl Bench {
             transforms: self.transforms(&[("identity", "{}")]),
             extra: String::new(),
             sink: None,
+            catch_up: None,
         }];
         let host = Host::start(&self.datum, &self.dir.join("mem"), PUBLICATION, &pipelines).await;
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -954,6 +1072,22 @@ impl Bench {
         ]);
         self.tables.push(table);
     }
+}
+
+/// `source.catch_up` of the bench's catch-up runs: a slot more than this
+/// far behind drains through SQL.
+const CATCH_UP: &str = "1MiB";
+
+/// What `run_catch_up` measured.
+struct CatchUpRun {
+    elapsed: Duration,
+    host_cpu: f64,
+    /// When the status first said `catch_up`, from the resume.
+    entered: Option<Duration>,
+    /// When it said `streaming` again.
+    left: Option<Duration>,
+    /// How much of the backlog's WAL was checkpointed then.
+    switched_share: f64,
 }
 
 fn main() {
@@ -1029,6 +1163,7 @@ fn main() {
             "checkpoints",
             "hotswap",
             "canary",
+            "catchup",
             "nats",
         ]
         .iter()

@@ -133,6 +133,7 @@ async fn start(bench: &Bench, name: &str, publication: &str, slot: &str) -> Host
         transforms: bench.transforms(&[("identity", "{}")]),
         extra: "snapshot.mode = \"never\"\n".into(),
         sink: None,
+        catch_up: None,
     }];
     let host = Host::start(&bench.datum, &bench.dir.join(name), publication, &pipelines).await;
     host.pause(name).await;

@@ -102,6 +102,7 @@ async fn backfill(bench: &Bench, rep: usize, rows: u64) -> (Duration, f64) {
                 bench.args.chunk_size_toml()
             ),
             sink: None,
+            catch_up: None,
         }],
     )
     .await;
