@@ -173,6 +173,7 @@ pub async fn run(
             // A catch-up read the slot up to here (perhaps finding nothing).
             received: requested.max(Lsn(stats.received_lsn.load(Ordering::Relaxed))),
             streaming: false,
+            idle_at: None,
             data_seen: false,
             behind_ticks: 0,
         };
@@ -301,6 +302,9 @@ struct Session<'a> {
     stats: &'a SourceStats,
     received: Lsn,
     streaming: bool,
+    /// The WAL end of the last keepalive that came between transactions:
+    /// where the idle rule may move the checkpoint once nothing is pending.
+    idle_at: Option<Lsn>,
     /// Data arrived since the last `CONFIRM_PROMPTLY` tick.
     data_seen: bool,
     /// Consecutive ticks with data arriving and the slot more than
@@ -382,6 +386,18 @@ impl Session<'_> {
                         continue;
                     }
                     _ = prompt.tick() => {
+                        // A keepalive that came while batches were still
+                        // in flight could not move the checkpoint then. The
+                        // walsender pings again only once it has read WAL
+                        // past what this session reported: it may never
+                        // send another on a quiet server. Nothing after it
+                        // was open, so once those batches are acknowledged
+                        // its position holds.
+                        if let Some(at) = self.idle_at
+                            && !self.assembler.in_transaction()
+                        {
+                            self.positions.idle(at);
+                        }
                         // The checkpoint moved since the last update: say
                         // so now, not at the next scheduled update.
                         let confirmed = Lsn(self.stats.confirmed_lsn.load(Ordering::Relaxed));
@@ -446,6 +462,7 @@ impl Session<'_> {
                         // `docs/architecture.md`, rule 4: nothing open, nothing
                         // pending: an idle slot must not pin WAL.
                         self.positions.idle(wal_end);
+                        self.idle_at = Some(wal_end);
                     }
                     if reply {
                         self.send_status(&mut conn, false).await?;

@@ -1231,3 +1231,70 @@ async fn a_fast_restart_of_the_server_is_a_reconnect_not_a_stop() {
     assert!(reconnects >= 3, "{reconnects} reconnects for 3 restarts");
     source.stop().await.expect("the source was still running");
 }
+
+/// Regression: a keepalive that came while a batch was still unacknowledged
+/// could not move the checkpoint (the idle rule needs nothing pending), and
+/// the walsender pings again only once it reads WAL past what the source
+/// reported, so on a quiet server the checkpoint stayed behind the server's
+/// position until some other write: 55 s in a benchmark whose drain ends
+/// when the checkpoint reaches the server's position.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keepalive_during_an_unacknowledged_batch_still_moves_the_checkpoint_once_it_is_acknowledged()
+ {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    sql(
+        &client,
+        &[
+            "CREATE TABLE t (id int PRIMARY KEY)",
+            "CREATE TABLE unpublished (id int PRIMARY KEY)",
+        ],
+    )
+    .await;
+    let mut cfg = config(&pg, "pub", "slot", &["t"]);
+    // Replies soon after each ping, so the walsender pings again.
+    cfg.status_interval = Some(Duration::from_millis(100));
+    let mut source = Running::start(cfg, Lsn::ZERO, 16).await;
+    sql(&client, &["INSERT INTO t VALUES (1)"]).await;
+    let batch = source.next(10).await;
+    // WAL the slot skips: the walsender reads past the insert and pings
+    // while the batch is unacknowledged.
+    sql(&client, &["INSERT INTO unpublished VALUES (1)"]).await;
+    let server: String = client
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await
+        .expect("lsn")
+        .get(0);
+    let server: Lsn = server.parse().expect("an LSN");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while Lsn(source
+        .stats
+        .received_lsn
+        .load(std::sync::atomic::Ordering::Relaxed))
+        < server
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no keepalive reached {server}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        source.feedback.watermark().end_lsn < server,
+        "the batch is not acknowledged yet"
+    );
+    source.checkpoint(&batch);
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        let watermark = source.feedback.watermark().end_lsn;
+        if watermark >= server {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the checkpoint stayed at {watermark}, short of the keepalive's {server}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    source.stop().await.expect("a clean stop");
+}
