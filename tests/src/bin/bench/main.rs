@@ -450,6 +450,16 @@ impl Bench {
         }
         let elapsed = started.elapsed();
         let host_cpu = cpu_seconds(host.pid()).expect("the host's CPU time") - cpu;
+        // The switch back comes once a peek finds nothing more: after the
+        // last window is checkpointed.
+        while entered.is_some() && left.is_none() && started.elapsed() < elapsed * 2 {
+            let status = host.status(pipeline).await;
+            if status["source"]["mode"].as_str() != Some("catch_up") {
+                left = Some(started.elapsed());
+                switched_at = end;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         if std::env::var_os("DATUM_BENCH_LOG").is_some() {
             for line in host.log().lines().filter(|l| l.contains("peeked")) {
                 println!("  {line}");
@@ -875,7 +885,7 @@ impl Bench {
                                     at(Some(left)),
                                     run.switched_share * 100.0
                                 ),
-                                None => "after the end".into(),
+                                None => "not within twice the drain".into(),
                             },
                             format!("{:.2} s", run.elapsed.as_secs_f64()),
                             format!("{:.2}", per_m(run.host_cpu)),
