@@ -1316,13 +1316,16 @@ async fn upload(
     let dry_run = flag(query.as_deref(), "dry_run")?;
     let control = app.pipeline(&pipeline)?.clone();
     let slot = find_slot(&control, &pipeline, &module)?;
+    let began = std::time::Instant::now();
     let upload = read_upload(&app, request).await?;
+    let read = began.elapsed();
     let store = app.host.store.clone();
     let engine = app.host.engine.clone();
     // The work runs in a task of its own, so a request that times out does
     // not leave a swap half done.
     let work = tokio::spawn(async move {
         let candidate = vet(engine, slot, upload).await?;
+        let vetted = began.elapsed();
         if dry_run {
             return ok(json!({
                 "module": module,
@@ -1332,6 +1335,14 @@ async fn upload(
             }));
         }
         let swapped = hotswap::swap(&store, &control.chain, &pipeline, &module, candidate).await?;
+        tracing::debug!(
+            pipeline,
+            module,
+            read_ms = read.as_millis() as u64,
+            vetted_ms = vetted.as_millis() as u64,
+            active_ms = began.elapsed().as_millis() as u64,
+            "swap timings"
+        );
         Ok(reply(
             StatusCode::CREATED,
             &serde_json::to_value(&swapped).unwrap_or_default(),

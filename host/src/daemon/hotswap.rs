@@ -275,6 +275,7 @@ pub(crate) fn compile(
     let table: toml::Table = config
         .parse()
         .map_err(|e: toml::de::Error| SwapError::Config(e.to_string()))?;
+    let began = std::time::Instant::now();
     let module = Module::new(
         engine,
         name,
@@ -282,8 +283,15 @@ pub(crate) fn compile(
         limits,
         crate::transform::encode_config(&table),
     )?;
+    let compiled = began.elapsed();
     module.instance().warm()?;
     crate::transform::engine::release_freed_memory();
+    tracing::debug!(
+        module = name,
+        compiled_ms = compiled.as_millis() as u64,
+        ready_ms = began.elapsed().as_millis() as u64,
+        "swap: compiled"
+    );
     Ok(module)
 }
 
@@ -399,7 +407,9 @@ pub(crate) async fn swap(
         .into_iter()
         .find(|s| s.name == name)
         .ok_or_else(|| no_transform(pipeline, name))?;
+    let began = std::time::Instant::now();
     let version = store_version(store, &slot.key, wasm, &config, "upload", fixtures).await?;
+    tracing::debug!(module = %slot.key, version, stored_ms = began.elapsed().as_millis() as u64, "swap: version stored");
     activate(
         store, chain, pipeline, slot, module, version, config, fixtures,
     )
@@ -506,6 +516,7 @@ pub(crate) async fn activate(
         })
         .await
         .ok_or_else(|| no_transform(pipeline, &name))?;
+    tracing::debug!(module = %key, version, "swap: adopted by the transform thread");
     let store = store.clone();
     let record_key = key.clone();
     tokio::task::spawn_blocking(move || store.activate_module_version(&record_key, version, lsn))

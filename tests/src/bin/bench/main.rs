@@ -970,18 +970,49 @@ impl Bench {
             started.elapsed()
         };
         let (times, drained) = tokio::join!(uploads, drain);
+        // Then five more with nothing else running.
+        let mut idle = Vec::new();
+        for i in 10..15 {
+            let build = host::distinct_build(&module, i);
+            idle.push(host.upload(pipeline, "identity", build).await.as_secs_f64() * 1e3);
+        }
+        if std::env::var_os("DATUM_BENCH_LOG").is_some() {
+            for line in host.log().lines().filter(|l| l.contains("swap")) {
+                println!("  {line}");
+            }
+        }
         host.pause(pipeline).await;
         let during = times.iter().filter(|(_, done)| *done <= drained).count();
         let activation: Vec<f64> = times.iter().map(|(t, _)| t.as_secs_f64() * 1e3).collect();
         let n = self.args.changes as f64;
+        let during_drain: Vec<f64> = times
+            .iter()
+            .filter(|(_, done)| *done <= drained)
+            .map(|(t, _)| t.as_secs_f64() * 1e3)
+            .collect();
         table.row(vec![
-            "upload → activation, median".into(),
+            "upload → activation, median of the ten".into(),
             format!("{:.0} ms", median(activation.clone())),
             "—".into(),
         ]);
         table.row(vec![
-            "upload → activation, max".into(),
+            "upload → activation, max of the ten".into(),
             format!("{:.0} ms", activation.iter().copied().fold(0.0, f64::max)),
+            "—".into(),
+        ]);
+        if !during_drain.is_empty() {
+            table.row(vec![
+                format!(
+                    "upload → activation, median of the {} done while the drain ran",
+                    during_drain.len()
+                ),
+                format!("{:.0} ms", median(during_drain)),
+                "—".into(),
+            ]);
+        }
+        table.row(vec![
+            "upload → activation, median of five more on the idle host".into(),
+            format!("{:.0} ms", median(idle)),
             "—".into(),
         ]);
         table.row(vec![
