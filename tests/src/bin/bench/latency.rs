@@ -327,6 +327,7 @@ pub async fn run(bench: &mut Bench) -> Table {
             "pg_recvlogical (test_decoding → file) p50",
             "p99",
             "max",
+            "p99 ratio",
         ],
     );
     let fmt = |p: Option<(f64, f64, f64, usize)>| match p {
@@ -338,11 +339,15 @@ pub async fn run(bench: &mut Bench) -> Table {
         None => ["—".into(), "—".into(), "—".into()],
     };
     for (label, from, to, achieved) in phases {
-        let d = fmt(percentiles(&datum, from, to));
-        let b = fmt(percentiles(&base, from, to));
+        let (datum, base) = (percentiles(&datum, from, to), percentiles(&base, from, to));
+        let ratio = match (datum, base) {
+            (Some((_, d, _, _)), Some((_, b, _, _))) if b > 0.0 => format!("{:.2}×", d / b),
+            _ => "—".into(),
+        };
         let mut row = vec![label, grouped(achieved)];
-        row.extend(d);
-        row.extend(b);
+        row.extend(fmt(datum));
+        row.extend(fmt(base));
+        row.push(ratio);
         table.row(row);
     }
     table
