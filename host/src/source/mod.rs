@@ -242,7 +242,7 @@ pub struct SourceConfig {
     /// (installed when missing; `source/ddl.rs`).
     pub capture_ddl: bool,
     /// Drain a slot that is far behind through the SQL interface
-    /// ([`catchup`]); `None`: always stream.
+    /// (`source/catchup.rs`); `None`: always stream.
     pub catch_up: Option<catchup::CatchUp>,
 }
 
