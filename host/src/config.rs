@@ -258,24 +258,18 @@ impl Default for CatchUpSpec {
 
 impl<'de> Deserialize<'de> for CatchUpSpec {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<CatchUpSpec, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Int(i64),
-            Text(String),
-        }
         let bad = |what: &str| {
             de::Error::custom(format!(
                 "`{what}` is not a size of WAL: write bytes, or a number and a unit, like \
                  \"256MiB\", or \"off\""
             ))
         };
-        match Raw::deserialize(deserializer)? {
-            Raw::Int(n) => u64::try_from(n)
+        match RawSize::deserialize(deserializer)? {
+            RawSize::Int(n) => u64::try_from(n)
                 .map(|n| CatchUpSpec(Some(n)))
                 .map_err(|_| bad(&n.to_string())),
-            Raw::Text(text) if text.trim() == "off" => Ok(CatchUpSpec(None)),
-            Raw::Text(text) => parse_size(&text)
+            RawSize::Text(text) if text.trim() == "off" => Ok(CatchUpSpec(None)),
+            RawSize::Text(text) => parse_size(&text)
                 .map(|n| CatchUpSpec(Some(n as u64)))
                 .ok_or_else(|| bad(&text)),
         }
@@ -839,26 +833,28 @@ fn parse_span(text: &str) -> Option<Duration> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Size(pub usize);
 
+/// A size as written in the file: bytes, or text with a unit.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawSize {
+    Int(i64),
+    Text(String),
+}
+
 impl<'de> Deserialize<'de> for Size {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Size, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Int(i64),
-            Text(String),
-        }
         let bad = |what: &str| {
             de::Error::custom(format!(
                 "`{what}` is not a size: write bytes, or a number and a unit, like \"64MiB\""
             ))
         };
-        match Raw::deserialize(deserializer)? {
-            Raw::Int(n) => usize::try_from(n)
+        match RawSize::deserialize(deserializer)? {
+            RawSize::Int(n) => usize::try_from(n)
                 .ok()
                 .filter(|n| *n > 0)
                 .map(Size)
                 .ok_or_else(|| bad(&n.to_string())),
-            Raw::Text(text) => parse_size(&text).map(Size).ok_or_else(|| bad(&text)),
+            RawSize::Text(text) => parse_size(&text).map(Size).ok_or_else(|| bad(&text)),
         }
     }
 }

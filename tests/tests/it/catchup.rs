@@ -11,14 +11,8 @@ use datum::{Batch, CatchUp, Lsn};
 use datum_tests::stream::{Running, config, render};
 use datum_tests::{cluster, connect};
 
-async fn sql(client: &tokio_postgres::Client, statements: &[&str]) {
-    for statement in statements {
-        client
-            .batch_execute(statement)
-            .await
-            .unwrap_or_else(|err| panic!("{statement}: {err}"));
-    }
-}
+use crate::checkpoint::confirmed_flush;
+use crate::source::sql;
 
 /// A batch as the assertions compare it: its transaction and its changes.
 fn describe(batch: &Batch) -> (u64, u64, u32, u32, bool, Vec<String>) {
@@ -48,17 +42,6 @@ async fn drain(source: &mut Running) -> Vec<(u64, u64, u32, u32, bool, Vec<Strin
             return seen;
         }
     }
-}
-
-async fn confirmed_flush(client: &tokio_postgres::Client, slot: &str) -> Lsn {
-    let row = client
-        .query_one(
-            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
-            &[&slot],
-        )
-        .await
-        .expect("slot");
-    row.get::<_, String>(0).parse().expect("an LSN")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

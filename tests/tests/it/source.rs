@@ -9,7 +9,8 @@ use datum_guest::{Date, Timestamp, Value};
 use datum_tests::stream::{Running, config, render};
 use datum_tests::{PasswordAuth, cluster, connect};
 
-async fn sql(client: &tokio_postgres::Client, statements: &[&str]) {
+/// Runs each statement, panicking with it on failure.
+pub(crate) async fn sql(client: &tokio_postgres::Client, statements: &[&str]) {
     for statement in statements {
         client
             .batch_execute(statement)
