@@ -12,7 +12,7 @@ use datum_tests::stream::{Running, config, render};
 use datum_tests::{cluster, connect};
 
 use crate::checkpoint::confirmed_flush;
-use crate::source::sql;
+use crate::source::{EVERY_KIND_OF_CHANGE, sql};
 
 /// A batch as the assertions compare it: its transaction and its changes.
 fn describe(batch: &Batch) -> (u64, u64, u32, u32, bool, Vec<String>) {
@@ -80,19 +80,10 @@ async fn a_slot_drained_through_sql_yields_exactly_the_batches_streaming_does() 
     }
 
     let long_value = "x".repeat(10_000);
+    sql(&client, EVERY_KIND_OF_CHANGE).await;
     sql(
         &client,
         &[
-            "INSERT INTO item VALUES (1, 'one'), (2, 'two')",
-            "UPDATE item SET name = 'uno' WHERE id = 1",
-            "UPDATE item SET id = 20 WHERE id = 2",
-            "DELETE FROM item WHERE id = 1",
-            "INSERT INTO full_item VALUES (1, 'a')",
-            "UPDATE full_item SET name = 'b'",
-            "DELETE FROM full_item",
-            "BEGIN; SELECT pg_logical_emit_message(true, 'tx', 'inside');
-             INSERT INTO item VALUES (3, 'three'); COMMIT",
-            "SELECT pg_logical_emit_message(false, 'loose', 'outside')",
             // A 100,000-row transaction: spilled by the server, cut into
             // chunks by the source.
             "INSERT INTO item SELECT g, 'row ' || g FROM generate_series(100, 100099) g",

@@ -19,6 +19,22 @@ pub(crate) async fn sql(client: &tokio_postgres::Client, statements: &[&str]) {
     }
 }
 
+/// Inserts, updates (one of a key), deletes, under the default replica
+/// identity and `FULL`, and logical messages in and out of a transaction,
+/// on tables `item` and `full_item`.
+pub(crate) const EVERY_KIND_OF_CHANGE: &[&str] = &[
+    "INSERT INTO item VALUES (1, 'one'), (2, 'two')",
+    "UPDATE item SET name = 'uno' WHERE id = 1",
+    "UPDATE item SET id = 20 WHERE id = 2",
+    "DELETE FROM item WHERE id = 1",
+    "INSERT INTO full_item VALUES (1, 'a')",
+    "UPDATE full_item SET name = 'b'",
+    "DELETE FROM full_item",
+    "BEGIN; SELECT pg_logical_emit_message(true, 'tx', 'inside');
+     INSERT INTO item VALUES (3, 'three'); COMMIT",
+    "SELECT pg_logical_emit_message(false, 'loose', 'outside')",
+];
+
 #[tokio::test]
 async fn streams_every_kind_of_change() {
     let pg = cluster();
@@ -39,23 +55,8 @@ async fn streams_every_kind_of_change() {
         16,
     )
     .await;
-    sql(
-        &client,
-        &[
-            "INSERT INTO item VALUES (1, 'one'), (2, 'two')",
-            "UPDATE item SET name = 'uno' WHERE id = 1",
-            "UPDATE item SET id = 20 WHERE id = 2",
-            "DELETE FROM item WHERE id = 1",
-            "INSERT INTO full_item VALUES (1, 'a')",
-            "UPDATE full_item SET name = 'b'",
-            "DELETE FROM full_item",
-            "BEGIN; SELECT pg_logical_emit_message(true, 'tx', 'inside');
-             INSERT INTO item VALUES (3, 'three'); COMMIT",
-            "SELECT pg_logical_emit_message(false, 'loose', 'outside')",
-            "TRUNCATE item, child RESTART IDENTITY CASCADE",
-        ],
-    )
-    .await;
+    sql(&client, EVERY_KIND_OF_CHANGE).await;
+    sql(&client, &["TRUNCATE item, child RESTART IDENTITY CASCADE"]).await;
     let mut lines = Vec::new();
     let mut last_end = Lsn::ZERO;
     let mut commit_order = Vec::new();
