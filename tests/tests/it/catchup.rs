@@ -399,3 +399,47 @@ snapshot.mode = "never"
 fn log_has(host: &crate::run::Host, what: &str) -> bool {
     host.log().contains(what)
 }
+
+/// Stopped while catching up, the source moves the slot to the final
+/// checkpoint through SQL, as a streaming session does with its last
+/// status update: the slot ends where the checkpoint is, no further.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_during_a_catch_up_leaves_the_slot_at_the_final_checkpoint() {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    sql(&client, &["CREATE TABLE t (id int PRIMARY KEY)"]).await;
+    let mut cfg = config(&pg, "pub", "slot", &["t"]);
+    cfg.catch_up = Some(CatchUp {
+        threshold: 0,
+        window: 100,
+    });
+    datum::prepare_source(&cfg, None, || Ok(()))
+        .await
+        .expect("prepare");
+    sql(
+        &client,
+        &["DO $$ BEGIN FOR i IN 0..999 LOOP
+             INSERT INTO t VALUES (i);
+             COMMIT;
+           END LOOP; END $$"],
+    )
+    .await;
+    let mut source = Running::start_prepared(cfg, Lsn::ZERO, 4);
+    // Part of the backlog, checkpointed; the rest is still to come.
+    let mut last = None;
+    for _ in 0..300 {
+        let batch = source.next(20).await;
+        source.checkpoint(&batch);
+        last = Some(Lsn(batch.txn.end_lsn));
+    }
+    let stats = source.stats.clone();
+    assert!(stats.catching_up.load(Relaxed), "still catching up");
+    let checkpoint = source.feedback.flushed();
+    assert_eq!(Some(checkpoint), last);
+    source.stop().await.expect("a clean stop");
+    assert_eq!(
+        confirmed_flush(&client, "slot").await,
+        checkpoint,
+        "the slot is moved to the final checkpoint, and not past it"
+    );
+}
