@@ -101,7 +101,14 @@ const PEEK: &str = "SELECT lsn, data FROM pg_logical_slot_peek_binary_changes($1
 impl Reader<'_> {
     /// Drains the slot through SQL while it is behind by more than the
     /// threshold; returns at once when it is not.
-    pub(crate) async fn run(&mut self, mut shutdown: Shutdown<'_>) -> Result<Outcome, SourceError> {
+    pub(crate) async fn run(&mut self, shutdown: Shutdown<'_>) -> Result<Outcome, SourceError> {
+        let outcome = self.drain(shutdown).await;
+        // However it ended, the source no longer reads through SQL.
+        self.stats.catching_up.store(false, Ordering::Relaxed);
+        outcome
+    }
+
+    async fn drain(&mut self, mut shutdown: Shutdown<'_>) -> Result<Outcome, SourceError> {
         let config = self.config;
         let connect = async {
             // One connection reads the peek's rows while they stream; type
@@ -134,7 +141,6 @@ impl Reader<'_> {
                     .checkpoint_reaches(self.assembler.resume_after(), shutdown.as_mut())
                     .await
             {
-                self.stats.catching_up.store(false, Ordering::Relaxed);
                 return Ok(Outcome::Stopped(peek));
             }
             let flushed = self.positions.flushed();
@@ -183,18 +189,11 @@ impl Reader<'_> {
                     break;
                 }
                 Ok(Some(_)) => {}
-                Ok(None) => {
-                    self.stats.catching_up.store(false, Ordering::Relaxed);
-                    return Ok(Outcome::Stopped(peek));
-                }
-                Err(err) => {
-                    self.stats.catching_up.store(false, Ordering::Relaxed);
-                    return Err(err);
-                }
+                Ok(None) => return Ok(Outcome::Stopped(peek)),
+                Err(err) => return Err(err),
             }
         }
         if entered {
-            self.stats.catching_up.store(false, Ordering::Relaxed);
             tracing::info!(slot = %config.slot, received = %Lsn(self.stats.received_lsn.load(Ordering::Relaxed)), "caught up: streaming");
         }
         // The walsender starts where the checkpoint is; the slot must not
