@@ -569,11 +569,12 @@ impl Bench {
 
         let mut catch_up = Table::new(
             format!(
-                "Catch-up: a slot {} changes behind (catch_up = \"{CATCH_UP}\"), identity → file sink, TCP (one run each; the others are the medians above)",
+                "Catch-up: a slot {} changes behind (catch_up = \"{CATCH_UP}\"), identity → file sink (one run each; the others are the medians above, of the same transport)",
                 grouped(n as f64)
             ),
             &[
                 "workload",
+                "transport",
                 "pg_recvlogical changes/s",
                 "Datum streaming changes/s",
                 "Datum catch-up changes/s",
@@ -602,6 +603,19 @@ impl Bench {
         );
 
         let want_throughput = self.args.runs("throughput");
+        // A catch-up over TCP; over the unix socket too when the throughput
+        // runs measure its baselines.
+        let catch_ups: Vec<(&str, String, String)> = if self.args.runs("catchup") {
+            let mut keys = vec!["catchup"];
+            if want_throughput {
+                keys.push("catchup_unix");
+            }
+            keys.into_iter()
+                .map(|k| (k, self.transforms(&[("identity", "{}")]), String::new()))
+                .collect()
+        } else {
+            Vec::new()
+        };
         for workload in WORKLOADS {
             let extras: Vec<(&str, String, String)> = match workload.key {
                 "t1" if self.args.runs("checkpoints") => vec![(
@@ -609,20 +623,9 @@ impl Bench {
                     self.transforms(&[("identity", "{}")]),
                     "group_commit = \"off\"".into(),
                 )],
-                "mixed" if self.args.runs("catchup") => vec![(
-                    "catchup",
-                    self.transforms(&[("identity", "{}")]),
-                    String::new(),
-                )],
+                "mixed" => catch_ups.clone(),
                 "t100" => {
-                    let mut extras = Vec::new();
-                    if self.args.runs("catchup") {
-                        extras.push((
-                            "catchup",
-                            self.transforms(&[("identity", "{}")]),
-                            String::new(),
-                        ));
-                    }
+                    let mut extras = catch_ups.clone();
                     if self.args.runs("transforms") {
                         extras.push((
                             "mask",
@@ -703,13 +706,17 @@ impl Bench {
                 let name = format!("{}_{}", workload.key, key);
                 self.create_slot(&name, "pgoutput").await;
                 pipelines.push(PipelineDef {
-                    conninfo: self.conninfo(Transport::Tcp),
+                    conninfo: self.conninfo(if *key == "catchup_unix" {
+                        Transport::Unix
+                    } else {
+                        Transport::Tcp
+                    }),
                     slot: name.clone(),
                     name,
                     transforms: transforms.clone(),
                     extra: extra.clone(),
                     sink: (*key == "nats").then(|| self.nats_sink()),
-                    catch_up: (*key == "catchup").then(|| CATCH_UP.to_owned()),
+                    catch_up: key.starts_with("catchup").then(|| CATCH_UP.to_owned()),
                 });
             }
             let host = Host::start(
@@ -757,6 +764,8 @@ impl Bench {
             let mut identity_secs = 0.0;
             let mut baseline_rate = 0.0;
             let mut identity_commits = 0.0;
+            // pg_recvlogical's and Datum's rates over the unix socket.
+            let mut unix_rates = (f64::NAN, f64::NAN);
             for (transport, bases, runs) in &per_transport {
                 let base_rate = median(
                     bases
@@ -769,6 +778,9 @@ impl Bench {
                         .map(|r| n as f64 / r.elapsed.as_secs_f64())
                         .collect(),
                 );
+                if *transport == Transport::Unix {
+                    unix_rates = (base_rate, rate);
+                }
                 if *transport == Transport::Tcp {
                     identity_rate = rate;
                     identity_secs = n as f64 / rate;
@@ -865,19 +877,25 @@ impl Bench {
                             ),
                         ]);
                     }
-                    "catchup" => {
+                    "catchup" | "catchup_unix" => {
                         let run = self.run_catch_up(&host, &name, end).await;
                         let rate = n as f64 / run.elapsed.as_secs_f64();
                         let at = |d: Option<Duration>| {
                             d.map_or_else(|| "—".into(), |d| format!("{:.2} s", d.as_secs_f64()))
                         };
+                        let (transport, base, streaming) = if *extra == "catchup_unix" {
+                            ("unix", unix_rates.0, unix_rates.1)
+                        } else {
+                            ("tcp", baseline_rate, identity_rate)
+                        };
                         catch_up.row(vec![
                             workload.label.to_owned(),
-                            grouped(baseline_rate),
-                            grouped(identity_rate),
+                            transport.to_owned(),
+                            grouped(base),
+                            grouped(streaming),
                             grouped(rate),
-                            format!("{:.2}×", rate / baseline_rate),
-                            format!("{:.2}×", rate / identity_rate),
+                            format!("{:.2}×", rate / base),
+                            format!("{:.2}×", rate / streaming),
                             at(run.entered),
                             match run.left {
                                 Some(left) => format!(
