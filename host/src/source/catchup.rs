@@ -110,25 +110,17 @@ impl Reader<'_> {
 
     async fn drain(&mut self, mut shutdown: Shutdown<'_>) -> Result<Outcome, SourceError> {
         let config = self.config;
-        let connect = async {
-            // One connection reads the peek's rows while they stream; type
-            // lookups for new relations need another.
-            let peek = catalog::connect(&config.conninfo).await?;
-            let lookups = catalog::connect(&config.conninfo).await?;
-            // A window of a large transaction takes the server a while to
-            // decode before its first row: no statement timeout applies.
-            peek.batch_execute("SET statement_timeout = 0")
-                .await
-                .map_err(SourceError::Sql)?;
-            Ok::<_, SourceError>((peek, lookups))
-        };
-        let (peek, lookups) = tokio::select! {
+        // The lag is read on one connection at every session start; the
+        // rest is set up only for a catch-up that happens.
+        let peek = tokio::select! {
             biased;
             _ = shutdown.as_mut() => return Ok(Outcome::Caught),
-            clients = connect => clients?,
+            client = catalog::connect(&config.conninfo) => client?,
         };
-        let statement = peek.prepare(PEEK).await.map_err(SourceError::Sql)?;
         let names = quote_ident(&config.publication);
+        // Type lookups for new relations, on a second connection (the
+        // first reads the peek's rows while they stream), and the peek.
+        let mut reading: Option<(Client, tokio_postgres::Statement)> = None;
         let mut entered = false;
         loop {
             // A peek starts at the slot's confirmed position, which may not
@@ -161,6 +153,27 @@ impl Reader<'_> {
             if lag <= limit {
                 break;
             }
+            let (lookups, statement) = match reading.take() {
+                Some(set_up) => set_up,
+                None => {
+                    let setup = async {
+                        // A window of a large transaction takes the server a
+                        // while to decode before its first row: no statement
+                        // timeout applies.
+                        peek.batch_execute("SET statement_timeout = 0")
+                            .await
+                            .map_err(SourceError::Sql)?;
+                        let statement = peek.prepare(PEEK).await.map_err(SourceError::Sql)?;
+                        let lookups = catalog::connect(&config.conninfo).await?;
+                        Ok::<_, SourceError>((lookups, statement))
+                    };
+                    tokio::select! {
+                        biased;
+                        _ = shutdown.as_mut() => return Ok(Outcome::Stopped(peek)),
+                        set_up = setup => set_up?,
+                    }
+                }
+            };
             if !entered {
                 entered = true;
                 self.stats.catching_up.store(true, Ordering::Relaxed);
@@ -174,6 +187,7 @@ impl Reader<'_> {
             let window = self
                 .window(&peek, &lookups, &statement, &names, shutdown.as_mut())
                 .await;
+            reading = Some((lookups, statement));
             if let Ok(Some(w)) = &window {
                 tracing::debug!(slot = %config.slot, rows = w.rows, sent = w.sent, first_row_ms = w.first_row.map(|d| d.as_millis() as u64), took_ms = began.elapsed().as_millis() as u64, from = %flushed, "peeked");
             }
