@@ -134,9 +134,15 @@ pub(crate) async fn wait_for_slots(client: &tokio_postgres::Client, slots: &[&st
     }
 }
 
+/// The complete lines of a sink's file. A running sink may be midway
+/// through a write, so a last line not yet ended by a newline is left for
+/// the next read; every ended line must parse. A test that wants the whole
+/// output reads it after the host stopped, when every line written is ended.
 pub(crate) fn lines(path: &Path) -> Vec<Json> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
+    let bytes = std::fs::read(path).unwrap_or_default();
+    let end = bytes.iter().rposition(|&b| b == b'\n').unwrap_or(0);
+    std::str::from_utf8(&bytes[..end])
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
         .collect()
