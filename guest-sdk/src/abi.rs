@@ -21,6 +21,7 @@ use crate::Config;
 use crate::error::{Error, Result};
 use crate::lazy::{Layout, LazyBatch, decode_change};
 use crate::msgpack::{CHANGES_PREFIX, MAX_ARRAY_HEADER, write_array_len, write_uint};
+use crate::read::Shapes;
 use crate::wire::{Batch, Change, Envelope, Op, Output, to_msgpack};
 
 /// The input change being processed, or -1: the panic hook reads it.
@@ -227,12 +228,13 @@ fn per_change(
         let layout = Layout::of(input)?;
         let mut body = Vec::new();
         let mut elements = 0usize;
+        let mut shapes = Shapes::default();
         for (i, range) in layout.changes.iter().enumerate() {
             // `Layout::of` refused more than u32::MAX changes.
             let index = i as u32;
             set_current(Some(index));
             let bytes = &input[range.clone()];
-            let change = decode_change(bytes, i)?;
+            let change = decode_change(bytes, i, &mut shapes)?;
             if change.op == Op::Schema && !schema_changes {
                 write_uint(&mut body, index);
                 elements += 1;

@@ -10,6 +10,7 @@ use std::ops::Range;
 
 use crate::error::{Error, Result};
 use crate::msgpack::Reader;
+use crate::read::Shapes;
 use crate::wire::{Batch, Change, Output, Txn, from_msgpack, to_msgpack};
 
 /// Where the parts of an encoded batch are.
@@ -60,8 +61,10 @@ impl Layout {
 }
 
 /// Decodes change `index` from its bytes; an error blames it.
-pub(crate) fn decode_change(bytes: &[u8], index: usize) -> Result<Change> {
-    from_msgpack(bytes)
+pub(crate) fn decode_change(bytes: &[u8], index: usize, shapes: &mut Shapes) -> Result<Change> {
+    crate::read::change(bytes, shapes)
+        .map(Ok)
+        .unwrap_or_else(|| from_msgpack(bytes))
         .map_err(|e| Error::new(format!("cannot decode change {index}: {e}")).at(index))
 }
 
@@ -114,15 +117,20 @@ impl LazyBatch {
     /// Decodes change `index`; `None` past the end.
     pub fn change(&self, index: usize) -> Option<Result<Change>> {
         let range = self.changes.get(index)?.clone();
-        Some(decode_change(&self.bytes[range], index))
+        Some(decode_change(
+            &self.bytes[range],
+            index,
+            &mut Shapes::single(),
+        ))
     }
 
     /// Decodes every change, in order.
     pub fn changes(&self) -> impl Iterator<Item = Result<Change>> + '_ {
+        let mut shapes = Shapes::default();
         self.changes
             .iter()
             .enumerate()
-            .map(|(i, range)| decode_change(&self.bytes[range.clone()], i))
+            .map(move |(i, range)| decode_change(&self.bytes[range.clone()], i, &mut shapes))
     }
 
     /// The MessagePack bytes of change `index`, undecoded.

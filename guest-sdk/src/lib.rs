@@ -121,6 +121,7 @@ mod error;
 mod exports;
 mod lazy;
 mod msgpack;
+mod read;
 pub mod testing;
 mod value;
 pub mod wire;

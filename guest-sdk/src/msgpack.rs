@@ -4,7 +4,8 @@
 //! The ABI glue uses it to split a batch into one byte range per change (so a
 //! filter decodes each change on its own, and a kept change is answered by
 //! its index instead of being re-encoded), and to write `{"changes": [...]}`.
-//! Decoding and encoding the wire types themselves belongs to `rmp-serde`.
+//! Encoding the wire types belongs to `rmp-serde`; decoding them to `read`
+//! for the shapes it knows, and to `rmp-serde` for everything else.
 
 use std::ops::Range;
 
@@ -40,7 +41,12 @@ impl<'a> Reader<'a> {
         self.pos == self.buf.len()
     }
 
-    fn take(&mut self, n: usize) -> Result<&'a [u8], Malformed> {
+    /// The next byte, not consumed.
+    pub(crate) fn peek(&self) -> Option<u8> {
+        self.buf.get(self.pos).copied()
+    }
+
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], Malformed> {
         let end = self
             .pos
             .checked_add(n)
@@ -51,12 +57,12 @@ impl<'a> Reader<'a> {
         Ok(bytes)
     }
 
-    fn byte(&mut self) -> Result<u8, Malformed> {
+    pub(crate) fn byte(&mut self) -> Result<u8, Malformed> {
         Ok(self.take(1)?[0])
     }
 
     /// A big-endian unsigned integer of `n` bytes (1, 2 or 4).
-    fn uint(&mut self, n: usize) -> Result<usize, Malformed> {
+    pub(crate) fn uint(&mut self, n: usize) -> Result<usize, Malformed> {
         let bytes = self.take(n)?;
         let mut v: u64 = 0;
         for b in bytes {

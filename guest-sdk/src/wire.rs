@@ -526,6 +526,24 @@ pub fn from_msgpack<'a, T: Deserialize<'a>>(
     rmp_serde::from_slice(bytes)
 }
 
+/// Decodes one change: the same answer as `from_msgpack::<Change>`, found
+/// faster for the shapes hosts and the SDK write (each key and value read
+/// straight from the bytes); anything else is decoded by `rmp-serde`.
+pub fn decode_change(bytes: &[u8]) -> Result<Change, rmp_serde::decode::Error> {
+    match crate::read::change(bytes, &mut crate::read::Shapes::single()) {
+        Some(change) => Ok(change),
+        None => from_msgpack(bytes),
+    }
+}
+
+/// Reads a result envelope of the plain shape `{"changes": [...]}`, its
+/// elements kept indexes (unsigned, 32 bits at most) and changes, quickly.
+/// `None` for any other envelope, valid or not: decode that with
+/// [`from_msgpack`] (or a stricter reader), which gives the reasons.
+pub fn decode_changes_envelope(bytes: &[u8]) -> Option<Vec<Output>> {
+    crate::read::changes_envelope(bytes)
+}
+
 // ---------------------------------------------------------------------------
 // Values.
 
