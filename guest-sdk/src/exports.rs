@@ -138,8 +138,26 @@ pub unsafe fn transform_entry(ptr: u32, len: u32, driver: impl FnOnce(Vec<u8>) -
     install_panic_hook();
     // SAFETY: forwarded from this function's contract.
     let input = unsafe { take_input(ptr, len) };
+    #[cfg(all(feature = "arena", not(target_feature = "atomics")))]
+    {
+        ALLOCATOR.begin();
+        let envelope = driver(input);
+        ALLOCATOR.end();
+        // The host frees the envelope after the call: it moves out of the
+        // call's region, which then starts over.
+        let handed: Box<[u8]> = envelope.as_slice().into();
+        drop(envelope);
+        hand_out(handed)
+    }
+    #[cfg(not(all(feature = "arena", not(target_feature = "atomics"))))]
     hand_out(driver(input).into_boxed_slice())
 }
+
+/// Every SDK module's allocator: a region per `datum_transform` call
+/// (`arena`), the general allocator for everything else.
+#[cfg(all(feature = "arena", not(target_feature = "atomics")))]
+#[global_allocator]
+static ALLOCATOR: crate::arena::global::CallArena = crate::arena::global::CallArena::new();
 
 /// `datum_init`'s body: runs `driver` on the configuration; 0 is success.
 ///

@@ -6,7 +6,8 @@
 //! * `native`: the host encodes the batch as the ABI's MessagePack and
 //!   decodes it into the SDK's types, natively: what a module's input costs
 //!   without WebAssembly;
-//! * `identity` and `mask_pii`: the whole call through the runtime —
+//! * `identity`, `mask_pii`, `filter_rows` and `chain` (`filter_rows` →
+//!   `mask_pii` → `project_columns`): the whole call through the runtime —
 //!   encoding, the wasm call, decoding and resolving the result.
 //!
 //! And the per-call overhead: an empty batch through `identity`.
@@ -109,6 +110,22 @@ fn benches(c: &mut Criterion) {
         config("columns = [\"email\"]\nsalt = \"pepper\""),
     )
     .expect("mask_pii");
+    let filter = Module::new(
+        &engine,
+        "filter_rows",
+        &example("filter_rows"),
+        Limits::default(),
+        config("column = \"id\"\nop = \"not_null\""),
+    )
+    .expect("filter_rows");
+    let project = Module::new(
+        &engine,
+        "project_columns",
+        &example("project_columns"),
+        Limits::default(),
+        config("drop = [\"name\"]"),
+    )
+    .expect("project_columns");
 
     let mut overhead = c.benchmark_group("call_overhead");
     let mut chain = Chain::new(std::slice::from_ref(&identity));
@@ -140,14 +157,21 @@ fn benches(c: &mut Criterion) {
                 BatchSize::SmallInput,
             )
         });
-        let mut mask_chain = Chain::new(std::slice::from_ref(&mask));
-        group.bench_with_input(BenchmarkId::new("mask_pii", rows), &input, |b, input| {
-            b.iter_batched(
-                || input.clone(),
-                |batch| mask_chain.run(batch).expect("mask_pii"),
-                BatchSize::SmallInput,
-            )
-        });
+        let modules: [(&str, Vec<Module>); 3] = [
+            ("mask_pii", vec![mask.clone()]),
+            ("filter_rows", vec![filter.clone()]),
+            ("chain", vec![filter.clone(), mask.clone(), project.clone()]),
+        ];
+        for (name, modules) in modules {
+            let mut chain = Chain::new(&modules);
+            group.bench_with_input(BenchmarkId::new(name, rows), &input, |b, input| {
+                b.iter_batched(
+                    || input.clone(),
+                    |batch| chain.run(batch).expect(name),
+                    BatchSize::SmallInput,
+                )
+            });
+        }
     }
     group.finish();
 }
