@@ -155,7 +155,10 @@ impl Shapes {
     fn columns(&mut self, r: &mut Reader<'_>, whole: &[u8]) -> Option<Vec<Column>> {
         let start = r.position();
         if let Some((bytes, columns)) = &self.last
-            && whole.get(start..start + bytes.len()) == Some(bytes.as_slice())
+            && start
+                .checked_add(bytes.len())
+                .and_then(|end| whole.get(start..end))
+                == Some(bytes.as_slice())
         {
             // The same bytes from the start of an array: the same array.
             r.take(bytes.len()).ok()?;
@@ -371,7 +374,7 @@ fn bin<'a>(r: &mut Reader<'a>) -> Option<&'a [u8]> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::wire::{
         Envelope, LogicalMessage, SchemaChange, ShapeColumn, TableName, TableShape, Truncate,
@@ -379,10 +382,11 @@ mod tests {
     };
 
     /// Every kind of value; `big` adds the ones with 32-bit lengths.
-    fn every_value(big: bool) -> Vec<(String, Value)> {
+    pub(crate) fn every_value(big: bool) -> Vec<(String, Value)> {
         let mut values = vec![
             Value::Null,
             Value::Bool(false),
+            Value::Bool(true),
             Value::Int(0),
             Value::Int(-1),
             Value::Int(-33),
