@@ -88,9 +88,9 @@ impl Arena {
         Some(at)
     }
 
-    /// Frees an allocation carved from the region.
-    pub(crate) fn free(&mut self, ptr: usize) {
-        debug_assert!(self.owns(ptr));
+    /// Frees an allocation carved from the region (the caller checked
+    /// [`Arena::owns`]).
+    pub(crate) fn free(&mut self) {
         self.live = self.live.saturating_sub(1);
         if self.live == 0 && !self.active {
             self.next = self.start;
@@ -187,7 +187,7 @@ pub(crate) mod global {
         unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
             let arena = self.arena();
             if arena.owns(ptr.expose_provenance()) {
-                arena.free(ptr.expose_provenance());
+                arena.free();
             } else {
                 // SAFETY: not from the region, so from `System`.
                 unsafe { System.dealloc(ptr, layout) }
@@ -214,7 +214,7 @@ pub(crate) mod global {
                 unsafe {
                     std::ptr::copy_nonoverlapping(ptr, moved, layout.size().min(new_size));
                 }
-                self.arena().free(at);
+                self.arena().free();
             }
             moved
         }
@@ -270,15 +270,19 @@ mod tests {
         a.begin();
         let kept = a.alloc(layout(64, 8)).expect("room");
         let dropped = a.alloc(layout(64, 8)).expect("room");
-        a.free(dropped);
+        a.free();
         a.end();
         // `kept` is live: the next call carves after it, never over it.
         a.begin();
         let next = a.alloc(layout(64, 8)).expect("room");
         assert!(next >= kept + 64, "{next} overlaps {kept}");
-        a.free(next);
+        assert!(
+            next >= dropped + 64,
+            "the region moved back while `kept` is held"
+        );
+        a.free();
         a.end();
-        a.free(kept);
+        a.free();
         a.begin();
         assert_eq!(a.alloc(layout(64, 8)), Some(4096), "started over");
     }
