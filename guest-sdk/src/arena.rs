@@ -21,7 +21,7 @@ pub(crate) const SIZE: usize = 1 << 20;
 
 /// The region's state. Addresses are plain numbers: the allocator owns the
 /// region, this only decides where in it each allocation goes.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Arena {
     /// The region, `start..end`; empty until the first call.
     start: usize,
@@ -36,7 +36,25 @@ pub(crate) struct Arena {
     active: bool,
 }
 
+impl Default for Arena {
+    fn default() -> Arena {
+        Arena::new()
+    }
+}
+
 impl Arena {
+    /// No region yet, outside a call.
+    pub(crate) const fn new() -> Arena {
+        Arena {
+            start: 0,
+            end: 0,
+            next: 0,
+            last: usize::MAX,
+            live: 0,
+            active: false,
+        }
+    }
+
     /// Whether the region has been given.
     pub(crate) fn has_region(&self) -> bool {
         self.end > self.start
@@ -132,14 +150,7 @@ pub(crate) mod global {
 
     impl CallArena {
         pub const fn new() -> CallArena {
-            CallArena(UnsafeCell::new(Arena {
-                start: 0,
-                end: 0,
-                next: 0,
-                last: usize::MAX,
-                live: 0,
-                active: false,
-            }))
+            CallArena(UnsafeCell::new(Arena::new()))
         }
 
         #[allow(clippy::mut_from_ref)]

@@ -62,9 +62,7 @@ impl Layout {
 
 /// Decodes change `index` from its bytes; an error blames it.
 pub(crate) fn decode_change(bytes: &[u8], index: usize, shapes: &mut Shapes) -> Result<Change> {
-    crate::read::change(bytes, shapes)
-        .map(Ok)
-        .unwrap_or_else(|| from_msgpack(bytes))
+    crate::wire::decode_change_with(bytes, shapes)
         .map_err(|e| Error::new(format!("cannot decode change {index}: {e}")).at(index))
 }
 

@@ -530,7 +530,16 @@ pub fn from_msgpack<'a, T: Deserialize<'a>>(
 /// faster for the shapes hosts and the SDK write (each key and value read
 /// straight from the bytes); anything else is decoded by `rmp-serde`.
 pub fn decode_change(bytes: &[u8]) -> Result<Change, rmp_serde::decode::Error> {
-    match crate::read::change(bytes, &mut crate::read::Shapes::single()) {
+    decode_change_with(bytes, &mut crate::read::Shapes::single())
+}
+
+/// [`decode_change`] for one change of several, with the columns `shapes`
+/// remembers from the ones before.
+pub(crate) fn decode_change_with(
+    bytes: &[u8],
+    shapes: &mut crate::read::Shapes,
+) -> Result<Change, rmp_serde::decode::Error> {
+    match crate::read::change(bytes, shapes) {
         Some(change) => Ok(change),
         None => from_msgpack(bytes),
     }
