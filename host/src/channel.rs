@@ -79,6 +79,19 @@ impl<T> Sender<T> {
         Ok(Permit { slot, bytes })
     }
 
+    /// Whether nothing sent is still waiting to be received.
+    pub fn is_empty(&self) -> bool {
+        self.budget.available_permits() == self.total as usize
+    }
+
+    /// Completes once nothing sent is waiting to be received (at once if
+    /// so already). Cancel-safe, like `reserve`.
+    pub async fn emptied(&self) {
+        if let Ok(all) = self.budget.acquire_many(self.total).await {
+            drop(all);
+        }
+    }
+
     /// Sends `item`, declared as `bytes`, once there is room.
     pub async fn send(&self, item: T, bytes: usize) -> Result<(), T> {
         match self.reserve(bytes).await {
@@ -147,6 +160,38 @@ mod tests {
         assert_eq!(rx.recv().await, Some(4));
         drop(tx);
         assert_eq!(rx.recv().await, None);
+    }
+
+    #[tokio::test]
+    async fn emptied_waits_until_everything_sent_was_received() {
+        let (tx, mut rx) = channel::<u32>(10, 1000);
+        assert!(tx.is_empty());
+        tokio::time::timeout(Duration::from_millis(50), tx.emptied())
+            .await
+            .expect("empty at once");
+        tx.send(1, 300).await.expect("room");
+        tx.send(2, 1).await.expect("room");
+        assert!(!tx.is_empty());
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), tx.emptied())
+                .await
+                .is_err(),
+            "two items wait"
+        );
+        assert_eq!(rx.recv().await, Some(1));
+        assert!(!tx.is_empty());
+        let waiting = tokio::spawn({
+            let tx = tx.clone();
+            async move { tx.emptied().await }
+        });
+        assert_eq!(rx.recv().await, Some(2));
+        tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("emptied once the last item was received")
+            .expect("joined");
+        assert!(tx.is_empty());
+        // Waiting gave back what it had taken: the whole budget is there.
+        tx.send(3, 1000).await.expect("the whole budget");
     }
 
     #[tokio::test]

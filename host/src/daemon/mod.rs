@@ -21,6 +21,7 @@ pub(crate) mod pipeline;
 pub(crate) mod prepare;
 pub(crate) mod snapshot;
 pub(crate) mod supervisor;
+pub(crate) mod transforms;
 
 pub use feedback::Feedback;
 pub(crate) use prepare::{Prepared, StartError, engine, prepare, prepare_with};

@@ -28,7 +28,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 
@@ -36,11 +36,12 @@ use crate::channel;
 use crate::checkpoint::{ALL_TABLES, CheckpointError, Offset, SnapshotProgress, Store};
 use crate::config::OnError;
 use crate::config::SnapshotMode;
-use crate::daemon::canary::{Canary, Tap};
+use crate::daemon::canary::Canary;
 use crate::daemon::commit::{self, CommitPolicy};
 use crate::daemon::feedback::Feedback;
 use crate::daemon::hotswap::{ActiveChain, Slot};
 use crate::daemon::snapshot::{self, SnapshotPolicy, Snapshots};
+use crate::daemon::transforms::{self, Ack, Staged};
 use crate::event::Batch;
 use crate::retry::Backoff;
 use crate::sink::{Sink, SinkError};
@@ -224,7 +225,7 @@ pub(crate) const TRANSFORM_BUCKETS: [u64; 10] = [
 ];
 
 impl PipelineStats {
-    fn observe_transform(&self, micros: u64) {
+    pub(crate) fn observe_transform(&self, micros: u64) {
         self.transform_micros.fetch_add(micros, Ordering::Relaxed);
         let bucket = TRANSFORM_BUCKETS
             .iter()
@@ -268,15 +269,9 @@ pub struct Replay {
     pub done: tokio::sync::oneshot::Sender<Result<(), SinkError>>,
 }
 
-/// What the transform stage hands the sink stage.
 /// Most batches the sink writes as one group (a group also closes at one
 /// full batch's cost, `channel::cost`).
-const GROUP_MAX_BATCHES: usize = 1024;
-
-enum Staged {
-    Ready(Transformed),
-    Failed(Batch, ChainError),
-}
+pub(crate) const GROUP_MAX_BATCHES: usize = 1024;
 
 /// Runs the pipeline until `shutdown` completes or it fails definitely.
 /// `started` receives the pipeline's handles once streaming begins.
@@ -502,7 +497,7 @@ impl Stages {
                 stopped(source_settled),
             ),
         );
-        let transformer = spawn_transforms(
+        let transformer = transforms::spawn(
             config,
             chain,
             offset.end_lsn,
@@ -657,34 +652,34 @@ impl<S: Sink> Delivery<'_, S> {
                     }
                 },
             };
-            let transformed = match staged {
-                Staged::Failed(batch, error) => {
-                    self.module_failed(batch, error).await?;
+            let (transformed, ack) = match staged {
+                Staged::Failed(batch, error, ack) => {
+                    self.module_failed(batch, error, ack).await?;
                     continue;
                 }
-                Staged::Ready(transformed) => transformed,
+                Staged::Ready(transformed, ack) => (transformed, ack),
             };
             if transformed.source.changes.is_empty() && transformed.is_empty() {
                 // Nothing to write (a transaction that carried only a
                 // snapshot watermark): acknowledged as written.
-                self.written(std::slice::from_ref(&transformed));
+                self.written(std::slice::from_ref(&transformed), &[ack]);
                 continue;
             }
-            let single = if self.singly > 0 {
+            let (single, ack) = if self.singly > 0 {
                 self.singly -= 1;
-                transformed
+                (transformed, ack)
             } else {
-                let mut group = self.take_group(transformed);
+                let (mut group, mut acks) = self.take_group(transformed, ack);
                 if group.len() > 1 {
-                    self.write_group(group).await;
+                    self.write_group(group, acks).await;
                     continue;
                 }
-                match group.pop() {
-                    Some(transformed) => transformed,
-                    None => continue,
+                match (group.pop(), acks.pop()) {
+                    (Some(transformed), Some(ack)) => (transformed, ack),
+                    _ => continue,
                 }
             };
-            if !self.write_one(single, shutdown.as_mut()).await? {
+            if !self.write_one(single, ack, shutdown.as_mut()).await? {
                 return Ok(());
             }
         }
@@ -729,11 +724,13 @@ impl<S: Sink> Delivery<'_, S> {
     }
 
     /// `first` and the transformed batches waiting behind it, up to a
-    /// group's limits; a batch a module failed on ends the group.
-    fn take_group(&mut self, first: Transformed) -> Vec<Transformed> {
+    /// group's limits, each with what delivering it acknowledges; a batch a
+    /// module failed on ends the group.
+    fn take_group(&mut self, first: Transformed, ack: Ack) -> (Vec<Transformed>, Vec<Ack>) {
         let limits = self.config.source.limits;
         let mut bytes = first.source.cost(limits);
         let mut group = vec![first];
+        let mut acks = vec![ack];
         while group.len() < GROUP_MAX_BATCHES && bytes < limits.max_bytes {
             let next = match self.queue.pop_front() {
                 Some(staged) => staged,
@@ -743,9 +740,10 @@ impl<S: Sink> Delivery<'_, S> {
                 },
             };
             match next {
-                Staged::Ready(next) => {
+                Staged::Ready(next, ack) => {
                     bytes += next.source.cost(limits);
                     group.push(next);
+                    acks.push(ack);
                 }
                 failed => {
                     self.queue.push_front(failed);
@@ -753,21 +751,21 @@ impl<S: Sink> Delivery<'_, S> {
                 }
             }
         }
-        group
+        (group, acks)
     }
 
     /// Writes a group as one. When that fails, its batches go back to the
     /// front of the queue to be written one at a time, each with its own
     /// retries and `on_error`.
-    async fn write_group(&mut self, group: Vec<Transformed>) {
+    async fn write_group(&mut self, group: Vec<Transformed>, acks: Vec<Ack>) {
         match self.sink.write_group(&group).await {
-            Ok(()) => self.written(&group),
+            Ok(()) => self.written(&group, &acks),
             Err(err) => {
                 self.counters.sink_retries.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(pipeline = %self.config.name, error = %err, batches = group.len(), "group write failed; writing its batches one at a time");
                 self.singly = group.len();
-                for transformed in group.into_iter().rev() {
-                    self.queue.push_front(Staged::Ready(transformed));
+                for (transformed, ack) in group.into_iter().zip(acks).rev() {
+                    self.queue.push_front(Staged::Ready(transformed, ack));
                 }
             }
         }
@@ -781,6 +779,7 @@ impl<S: Sink> Delivery<'_, S> {
     async fn write_one<F: Future<Output = ()>>(
         &mut self,
         transformed: Transformed,
+        ack: Ack,
         mut shutdown: Pin<&mut F>,
     ) -> Result<bool, PipelineError> {
         let name = &self.config.name;
@@ -788,7 +787,7 @@ impl<S: Sink> Delivery<'_, S> {
         let refused = loop {
             match self.sink.write(&transformed).await {
                 Ok(()) => {
-                    self.written(std::slice::from_ref(&transformed));
+                    self.written(std::slice::from_ref(&transformed), &[ack]);
                     return Ok(true);
                 }
                 Err(err) if err.is_transient() => {
@@ -823,23 +822,28 @@ impl<S: Sink> Delivery<'_, S> {
             Failure::Sink(refused),
         )
         .await?;
-        self.feedback.ack(transformed.txn());
+        if ack == Ack::Batch {
+            self.feedback.ack(transformed.txn());
+        }
         Ok(true)
     }
 
-    /// Counts `batches` as written and acknowledges them.
-    fn written(&self, batches: &[Transformed]) {
+    /// Counts `batches` as written and acknowledges each whose `acks`
+    /// says so (a part before the last of a batch does not).
+    fn written(&self, batches: &[Transformed], acks: &[Ack]) {
         self.counters
             .bytes_written
             .store(self.sink.bytes_written(), Ordering::Relaxed);
-        for transformed in batches {
-            self.counters
-                .batches_written
-                .fetch_add(1, Ordering::Relaxed);
+        for (transformed, ack) in batches.iter().zip(acks) {
             self.counters
                 .changes_written
                 .fetch_add(transformed.len() as u64, Ordering::Relaxed);
-            self.feedback.ack(transformed.txn());
+            if *ack == Ack::Batch {
+                self.counters
+                    .batches_written
+                    .fetch_add(1, Ordering::Relaxed);
+                self.feedback.ack(transformed.txn());
+            }
         }
     }
 
@@ -849,6 +853,7 @@ impl<S: Sink> Delivery<'_, S> {
         &mut self,
         batch: Batch,
         error: ChainError,
+        ack: Ack,
     ) -> Result<(), PipelineError> {
         self.counters
             .module_failures
@@ -870,7 +875,9 @@ impl<S: Sink> Delivery<'_, S> {
             Failure::Module(error),
         )
         .await?;
-        self.feedback.ack(&batch.txn);
+        if ack == Ack::Batch {
+            self.feedback.ack(&batch.txn);
+        }
         Ok(())
     }
 }
@@ -1020,122 +1027,6 @@ pub(crate) fn payload_message(payload: &(dyn std::any::Any + Send)) -> String {
 
 /// The transform stage: a thread that runs the chain on each batch, and
 /// adopts a newly published module version between transactions.
-fn spawn_transforms(
-    config: &PipelineConfig,
-    active: &Arc<ActiveChain>,
-    resume_after: crate::event::Lsn,
-    (mut input, output): (channel::Receiver<Batch>, channel::Sender<Staged>),
-    snapshots: &Arc<Snapshots>,
-    mut shapes: Tracker,
-) -> std::thread::JoinHandle<()> {
-    let (name, limits, counters) = (&config.name, config.source.limits, &config.stats);
-    let active = active.clone();
-    let canary = config.canary.clone();
-    let snapshots = snapshots.clone();
-    let counters = counters.clone();
-    let runtime = tokio::runtime::Handle::current();
-    let span = tracing::info_span!("transforms", pipeline = %name);
-    std::thread::Builder::new()
-        .name(format!("datum-transform-{name}"))
-        .spawn(move || {
-            let _entered = span.enter();
-            let (mut chain, mut empty) = active.attach(resume_after);
-            // A canary of a new version is fed from here (`canary.rs`).
-            let mut tap = Tap::new(&chain);
-            // The end LSN of the last whole transaction transformed, and
-            // whether we are between transactions (not between chunks).
-            let mut boundary = resume_after;
-            let mut between = true;
-            // Outputs of the batches that were waiting, sent together so that
-            // the sink wakes once for all of them.
-            let mut outputs: Vec<(Staged, usize)> = Vec::new();
-            let mut held = 0usize;
-            'stream: loop {
-                let next = runtime.block_on(async {
-                    tokio::select! {
-                        biased;
-                        () = active.woken(), if between => None,
-                        batch = input.recv() => Some(batch),
-                    }
-                });
-                let mut batch = match next {
-                    None => {
-                        if active.pending() {
-                            chain = active.adopt(boundary);
-                            empty = chain.modules().next().is_none();
-                            tap.adopted(&chain);
-                        }
-                        tap.boundary(&canary, boundary);
-                        continue;
-                    }
-                    Some(None) => break,
-                    Some(Some(batch)) => batch,
-                };
-                loop {
-                    if between {
-                        if active.pending() {
-                            chain = active.adopt(boundary);
-                            empty = chain.modules().next().is_none();
-                            tap.adopted(&chain);
-                        }
-                        tap.boundary(&canary, boundary);
-                    }
-                    // Watermarks out, a placed chunk's rows in; then a
-                    // schema change before each table's first change of a
-                    // new shape (`source/shapes.rs`).
-                    snapshots.observe(&mut batch);
-                    let announced = shapes.observe(&mut batch);
-                    if announced > 0 {
-                        counters
-                            .schema_changes
-                            .fetch_add(announced as u64, Ordering::Relaxed);
-                    }
-                    between = batch.txn.last;
-                    if batch.txn.last {
-                        boundary = crate::event::Lsn(batch.txn.end_lsn);
-                    }
-                    let bytes = batch.cost(limits);
-                    let staged = if empty {
-                        Staged::Ready(Transformed::untouched(batch))
-                    } else {
-                        let started = Instant::now();
-                        let result = chain.run_ref(&batch);
-                        let took = started.elapsed();
-                        counters.observe_transform(took.as_micros() as u64);
-                        if tap.feeding() {
-                            let output = result.as_deref().map_err(|_| ());
-                            tap.offer(&batch, output, took, bytes);
-                        }
-                        match result {
-                            Ok(items) => Staged::Ready(Transformed {
-                                source: batch,
-                                items,
-                            }),
-                            Err(error) => Staged::Failed(batch, error),
-                        }
-                    };
-                    outputs.push((staged, bytes));
-                    held += bytes;
-                    if outputs.len() >= GROUP_MAX_BATCHES || held >= limits.max_bytes {
-                        break;
-                    }
-                    match input.try_recv() {
-                        Some(next) => batch = next,
-                        None => break,
-                    }
-                }
-                held = 0;
-                for (staged, bytes) in outputs.drain(..) {
-                    if runtime.block_on(output.send(staged, bytes)).is_err() {
-                        break 'stream;
-                    }
-                }
-            }
-            active.detach(boundary);
-        })
-        .expect("spawning the transform thread")
-}
-
 /// What went definitely wrong with a batch.
 enum Failure {
     /// A module failed on it.

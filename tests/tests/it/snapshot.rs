@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use datum_tests::{cluster, connect, free_port, rows};
 use serde_json::Value as Json;
 
-use crate::run::{Host, temp_dir, toml_string};
+use crate::run::{Host, lines, temp_dir, toml_string, wait_for_line};
 
 pub(crate) const TOKEN: &str = "snapshot-admin-token-0123456789abcdef";
 
@@ -741,6 +741,169 @@ parallel_tables = 2
         worst < Duration::from_secs(5),
         "live changes of done tables waited {worst:?} behind the large copy"
     );
+}
+
+/// A copy does not hold up other tables' live changes: they pass the rows
+/// of its chunks on the way to the sink, while the copied table's own
+/// changes keep their place behind its rows, so the file sink, replayed,
+/// ends equal to the source. Checked in the order of the sink's lines: some
+/// live insert into `small` comes before rows of a chunk placed at an
+/// earlier position, and no row of `t` comes after a live change of `t`
+/// committed later than its chunk was placed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_changes_of_other_tables_pass_a_copy_and_the_copied_tables_keep_their_order() {
+    let pg = cluster();
+    let src = connect(&pg.conninfo("postgres")).await;
+    const ROWS: u64 = 300_000;
+    src.batch_execute(&format!(
+        "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL, note text);
+         INSERT INTO t SELECT g, g % 97, 'row ' || g FROM generate_series(1, {ROWS}) g;
+         CREATE TABLE small (id int PRIMARY KEY);
+         ANALYZE t"
+    ))
+    .await
+    .expect("tables");
+    let dir = temp_dir("snapshot-passing");
+    let port = free_port();
+    let out = dir.join("out.jsonl");
+    let host = Host::start(
+        &dir,
+        &format!(
+            r#"
+state = {state}
+
+[admin]
+listen = "127.0.0.1:{port}"
+token = "{TOKEN}"
+
+[[pipeline]]
+name = "p"
+source.url = {url}
+source.tables = ["public.t", "public.small"]
+sink = {{ type = "file", path = {out} }}
+
+[pipeline.snapshot]
+chunk_size = 10000
+"#,
+            state = toml_string(dir.join("state.redb").to_str().expect("utf-8")),
+            url = toml_string(&pg.conninfo("postgres")),
+            out = toml_string(out.to_str().expect("utf-8")),
+        ),
+    );
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let writing = tokio::spawn(writer(pg.conninfo("postgres"), ROWS, stopped.clone()));
+    let inserting = tokio::spawn({
+        let url = pg.conninfo("postgres");
+        async move {
+            let client = connect(&url).await;
+            let mut id = 0;
+            while !*stopped.borrow() {
+                id += 1;
+                client
+                    .batch_execute(&format!("INSERT INTO small VALUES ({id})"))
+                    .await
+                    .expect("insert into small");
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            id
+        }
+    });
+    wait_done(port, &host, &["public.t", "public.small"], 120).await;
+    let _ = stop.send(true);
+    let statements = writing.await.expect("writer");
+    let inserted = inserting.await.expect("inserts");
+    src.batch_execute("INSERT INTO small VALUES (-1)")
+        .await
+        .expect("the last insert");
+    wait_for_line(&out, &host, |l| {
+        l["table"] == "small" && l["new"]["id"] == -1
+    });
+    let (status, log) = host.stop(30);
+    assert!(status.success(), "{log}");
+
+    let lsn = |line: &Json| -> u64 {
+        line["txn"]["commit_lsn"]
+            .as_str()
+            .and_then(|l| l.parse::<datum::Lsn>().ok())
+            .map_or(0, |l| l.0)
+    };
+    let int = |value: &Json| {
+        value
+            .as_i64()
+            .unwrap_or_else(|| panic!("an integer: {value}"))
+    };
+    // The newest live change seen so far in the sink's order, per table.
+    let (mut small_newest, mut t_newest) = (0u64, 0u64);
+    let mut passed: HashSet<u64> = HashSet::new();
+    let mut replayed: std::collections::BTreeMap<i64, (i64, Json)> = Default::default();
+    let mut copied_rows = 0u64;
+    for line in lines(&out) {
+        let at = lsn(&line);
+        match (line["table"].as_str(), line["op"].as_str()) {
+            (Some("small"), Some("insert")) => small_newest = small_newest.max(at),
+            (Some("t"), Some("snapshot")) => {
+                copied_rows += 1;
+                if at < small_newest {
+                    passed.insert(at);
+                }
+                assert!(
+                    at > t_newest,
+                    "a row of t copied at {at:x} came after a live change of t committed at {t_newest:x}: {line}"
+                );
+                let new = &line["new"];
+                replayed.insert(int(&new["id"]), (int(&new["v"]), new["note"].clone()));
+            }
+            (Some("t"), Some(op)) => {
+                t_newest = t_newest.max(at);
+                if let Some(old) = line["old"].as_object() {
+                    replayed.remove(&int(&old["id"]));
+                }
+                if op != "delete" {
+                    let new = &line["new"];
+                    replayed.insert(int(&new["id"]), (int(&new["v"]), new["note"].clone()));
+                }
+            }
+            _ => {}
+        }
+    }
+    eprintln!(
+        "{copied_rows} rows copied, {statements} changes of t, {inserted} inserts into small; \
+         chunks passed by a later insert into small: {}",
+        passed.len()
+    );
+    assert!(copied_rows >= ROWS / 2, "{copied_rows} rows copied");
+    assert!(
+        statements > 10 && inserted > 10,
+        "the writers ran during the copy"
+    );
+    assert!(
+        !passed.is_empty(),
+        "no live insert into small passed the rows of a chunk placed before it"
+    );
+    let source: Vec<(i64, i64, Json)> = src
+        .query("SELECT id, v, note FROM t ORDER BY id", &[])
+        .await
+        .expect("the source")
+        .iter()
+        .map(|r| {
+            let note: Option<String> = r.get(2);
+            (
+                i64::from(r.get::<_, i32>(0)),
+                i64::from(r.get::<_, i32>(1)),
+                note.map_or(Json::Null, Json::String),
+            )
+        })
+        .collect();
+    let sink: Vec<(i64, i64, Json)> = replayed
+        .into_iter()
+        .map(|(id, (v, note))| (id, v, note))
+        .collect();
+    assert_eq!(
+        sink.len(),
+        source.len(),
+        "rows of t in the sink and the source"
+    );
+    assert!(sink == source, "the sink's t differs from the source");
 }
 
 /// Errors a copy meets on the way: a table dropped during its copy fails
