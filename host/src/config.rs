@@ -385,6 +385,10 @@ pub struct SnapshotSpec {
     pub chunk_size: Option<Count>,
     /// Tables copied at once.
     pub parallel_tables: Option<Count>,
+    /// `table` (the default): live changes of other tables pass a copy's
+    /// rows; `commit`: everything in commit order.
+    #[serde(default)]
+    pub order: SnapshotOrder,
 }
 
 /// Rows per snapshot chunk unless `chunk_size` says otherwise.
@@ -401,6 +405,20 @@ pub enum SnapshotMode {
     Initial,
     /// Changes only; tables are copied only when a backfill asks.
     Never,
+}
+
+/// The order a copy's rows and live changes reach modules and the sink
+/// (`docs/snapshots.md`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotOrder {
+    /// Each table's changes and copied rows in commit order; live changes
+    /// of tables not being copied pass the rows of a copy.
+    #[default]
+    Table,
+    /// Everything in commit order across tables: live changes wait behind
+    /// the rows of a copy placed before them.
+    Commit,
 }
 
 /// What a module failure does (`docs/architecture.md`, rule 6).
@@ -1368,6 +1386,8 @@ sink.type = "stdout"
         assert!(p.source.terminate_stale_holder);
         assert_eq!(p.source.catch_up, CatchUpSpec(None), "catch-up is off");
         assert_eq!(p.batch.limits(), BatchLimits::default());
+        assert_eq!(p.snapshot.mode, SnapshotMode::Initial);
+        assert_eq!(p.snapshot.order, SnapshotOrder::Table);
         assert!(matches!(
             p.sink,
             SinkSpec::Stdout {
@@ -1477,6 +1497,11 @@ retry_max = "1m"
         assert!(e.contains("no pipeline"), "{e}");
         let e = error(&MINIMAL.replace("source.url", "source.urll"));
         assert!(e.contains("urll"), "{e}");
+        let e = error(&format!("{MINIMAL}snapshot.order = \"fifo\"\n"));
+        assert!(e.contains("fifo") && e.contains("commit"), "{e}");
+        let config =
+            Config::parse(&format!("{MINIMAL}snapshot.order = \"commit\"\n")).expect("parses");
+        assert_eq!(config.pipeline[0].snapshot.order, SnapshotOrder::Commit);
     }
 
     #[test]

@@ -32,7 +32,7 @@ use serde_json::{Value as Json, json};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::checkpoint::{ALL_TABLES, SnapshotProgress, Store, TableState, now_micros};
-use crate::config::SnapshotMode;
+use crate::config::{SnapshotMode, SnapshotOrder};
 use crate::event::{Batch, Change, Lsn, Relation};
 use crate::retry::Backoff;
 use crate::source::snapshot::{self as reader, SnapshotTable, WATERMARK_PREFIX};
@@ -48,6 +48,8 @@ pub struct SnapshotPolicy {
     pub chunk_rows: usize,
     /// Tables copied at once.
     pub parallel_tables: usize,
+    /// Whether live changes of other tables pass a copy's rows.
+    pub order: SnapshotOrder,
 }
 
 impl Default for SnapshotPolicy {
@@ -56,6 +58,7 @@ impl Default for SnapshotPolicy {
             mode: SnapshotMode::Initial,
             chunk_rows: crate::config::DEFAULT_CHUNK_ROWS,
             parallel_tables: crate::config::DEFAULT_PARALLEL_TABLES,
+            order: SnapshotOrder::Table,
         }
     }
 }

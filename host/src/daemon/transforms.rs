@@ -36,6 +36,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::channel;
+use crate::config::SnapshotOrder;
 use crate::daemon::canary::{Canary, Tap};
 use crate::daemon::hotswap::ActiveChain;
 use crate::daemon::pipeline::{GROUP_MAX_BATCHES, PipelineConfig, PipelineStats};
@@ -103,7 +104,10 @@ pub(crate) fn spawn(
         output,
         snapshots: snapshots.clone(),
         shapes,
-        held: Held::default(),
+        held: Held {
+            commit_order: config.snapshot.order == SnapshotOrder::Commit,
+            ..Held::default()
+        },
         boundary: resume_after,
         settled: resume_after,
         received_last: true,
@@ -344,6 +348,8 @@ struct Held {
     messages: usize,
     /// What the held batches count against the stage's budget.
     cost: usize,
+    /// `snapshot.order = "commit"`: nothing passes what is held.
+    commit_order: bool,
 }
 
 /// The tables a batch touches, each once; `None` when it carries a logical
@@ -396,7 +402,8 @@ impl Held {
         let Some(newest) = self.batches.back() else {
             return false;
         };
-        if self.messages > 0
+        if self.commit_order
+            || self.messages > 0
             || (newest.txn.commit_lsn == batch.txn.commit_lsn && newest.txn.xid == batch.txn.xid)
         {
             return true;
@@ -552,6 +559,19 @@ mod tests {
         second.txn.chunk = 1;
         assert!(held.holds(&second), "a later chunk of a held transaction");
         assert!(!held.holds(&batch(14, 170, vec![insert(2)])));
+
+        // `snapshot.order = "commit"`: nothing passes.
+        let mut strict = Held {
+            commit_order: true,
+            ..Held::default()
+        };
+        assert!(
+            !strict.holds(&batch(1, 50, vec![insert(2)])),
+            "nothing held"
+        );
+        strict.push(chunk(1, 10), limits);
+        assert!(strict.holds(&batch(8, 110, vec![insert(2)])));
+        assert!(strict.holds(&batch(12, 150, Vec::new())));
     }
 
     #[test]

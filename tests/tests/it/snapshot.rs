@@ -752,6 +752,27 @@ parallel_tables = 2
 /// committed later than its chunk was placed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn live_changes_of_other_tables_pass_a_copy_and_the_copied_tables_keep_their_order() {
+    let passed = copy_beside_live_writers("table").await;
+    assert!(
+        passed > 0,
+        "no live insert into small passed the rows of a chunk placed before it"
+    );
+}
+
+/// With `snapshot.order = "commit"` nothing passes: every line of the sink
+/// comes in commit order, copied rows at their chunk's place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_order_commit_keeps_every_change_in_commit_order_across_tables() {
+    let passed = copy_beside_live_writers("commit").await;
+    assert_eq!(passed, 0, "chunks passed by a later insert into small");
+}
+
+/// Copies `t` (300,000 rows) into the file sink with `snapshot.order =
+/// order` while one writer changes `t` and another inserts into `small`;
+/// checks the sink's order (the rows of `t` never after a later change of
+/// `t`; under `commit`, no line after a later one) and its final `t`
+/// against the source. How many chunks a later insert into `small` passed.
+async fn copy_beside_live_writers(order: &str) -> usize {
     let pg = cluster();
     let src = connect(&pg.conninfo("postgres")).await;
     const ROWS: u64 = 300_000;
@@ -763,7 +784,7 @@ async fn live_changes_of_other_tables_pass_a_copy_and_the_copied_tables_keep_the
     ))
     .await
     .expect("tables");
-    let dir = temp_dir("snapshot-passing");
+    let dir = temp_dir(&format!("snapshot-order-{order}"));
     let port = free_port();
     let out = dir.join("out.jsonl");
     let host = Host::start(
@@ -784,6 +805,7 @@ sink = {{ type = "file", path = {out} }}
 
 [pipeline.snapshot]
 chunk_size = 10000
+order = "{order}"
 "#,
             state = toml_string(dir.join("state.redb").to_str().expect("utf-8")),
             url = toml_string(&pg.conninfo("postgres")),
@@ -837,8 +859,16 @@ chunk_size = 10000
     let mut passed: HashSet<u64> = HashSet::new();
     let mut replayed: std::collections::BTreeMap<i64, (i64, Json)> = Default::default();
     let mut copied_rows = 0u64;
+    let mut newest = 0u64;
     for line in lines(&out) {
         let at = lsn(&line);
+        if order == "commit" {
+            assert!(
+                at >= newest,
+                "{line} came after a line committed at {newest:x}"
+            );
+        }
+        newest = newest.max(at);
         match (line["table"].as_str(), line["op"].as_str()) {
             (Some("small"), Some("insert")) => small_newest = small_newest.max(at),
             (Some("t"), Some("snapshot")) => {
@@ -876,10 +906,6 @@ chunk_size = 10000
         statements > 10 && inserted > 10,
         "the writers ran during the copy"
     );
-    assert!(
-        !passed.is_empty(),
-        "no live insert into small passed the rows of a chunk placed before it"
-    );
     let source: Vec<(i64, i64, Json)> = src
         .query("SELECT id, v, note FROM t ORDER BY id", &[])
         .await
@@ -904,6 +930,7 @@ chunk_size = 10000
         "rows of t in the sink and the source"
     );
     assert!(sink == source, "the sink's t differs from the source");
+    passed.len()
 }
 
 /// Errors a copy meets on the way: a table dropped during its copy fails
