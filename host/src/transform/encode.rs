@@ -56,38 +56,181 @@ impl Serialize for ChangeRef<'_> {
 }
 
 /// Encodes the input envelope `{txn, changes}` for a call.
+///
+/// The bytes are those `rmp-serde` writes for the wire types
+/// (`datum_guest::wire::Batch`), written directly: a source change's
+/// `schema`, `table` and `columns` and its column names are encoded once
+/// per table and call ([`Heads`]) and copied into every change of that
+/// table, and the common values are written without serde. Any other
+/// change goes through `rmp-serde` as before.
 pub fn encode_input<'a>(
     txn: &Txn,
     changes: impl ExactSizeIterator<Item = ChangeRef<'a>> + Clone,
 ) -> Result<Vec<u8>, TransformError> {
-    struct Changes<I>(I);
-    impl<'a, I: ExactSizeIterator<Item = ChangeRef<'a>> + Clone> Serialize for Changes<I> {
-        fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-            let iter = self.0.clone();
-            let mut seq = serializer.serialize_seq(Some(iter.len()))?;
-            for change in iter {
-                seq.serialize_element(&change)?;
+    let mut out = Vec::with_capacity(64 + changes.len().saturating_mul(96));
+    let mut heads = Heads::default();
+    write_input(&mut out, txn, changes, &mut heads)
+        .map_err(|e| TransformError::InvalidOutput(format!("encoding the batch: {e}")))?;
+    Ok(out)
+}
+
+/// Why a batch could not be encoded (writing into memory does not fail;
+/// a value `rmp-serde` refuses, or more than 2³² changes, could).
+type EncodeError = Box<dyn std::error::Error + Send + Sync>;
+
+fn write_input<'a>(
+    out: &mut Vec<u8>,
+    txn: &Txn,
+    changes: impl ExactSizeIterator<Item = ChangeRef<'a>>,
+    heads: &mut Heads<'a>,
+) -> Result<(), EncodeError> {
+    rmp::encode::write_map_len(out, 2)?;
+    rmp::encode::write_str(out, "txn")?;
+    rmp_serde::encode::write_named(out, txn)?;
+    rmp::encode::write_str(out, "changes")?;
+    rmp::encode::write_array_len(out, u32::try_from(changes.len())?)?;
+    for change in changes {
+        match change {
+            ChangeRef::Source(change) => write_source(out, change, heads)?,
+            ChangeRef::Wire(change) => rmp_serde::encode::write_named(out, change)?,
+        }
+    }
+    Ok(())
+}
+
+/// A table's part of its changes, encoded once per call: the `schema`,
+/// `table` and `columns` entries, and each column's name.
+struct Head<'a> {
+    relation: &'a Relation,
+    entries: Vec<u8>,
+    /// Each column's encoded name, as a range of `names`.
+    name_at: Vec<std::ops::Range<usize>>,
+    names: Vec<u8>,
+}
+
+/// The heads of the tables seen in one call (a batch touches few tables:
+/// searched in order, the last one found first).
+#[derive(Default)]
+struct Heads<'a> {
+    heads: Vec<Head<'a>>,
+    last: usize,
+}
+
+impl<'a> Heads<'a> {
+    fn of(&mut self, relation: &'a Relation) -> Result<&Head<'a>, EncodeError> {
+        let found = match self.heads.get(self.last) {
+            Some(head) if std::ptr::eq(head.relation, relation) => Some(self.last),
+            _ => self
+                .heads
+                .iter()
+                .position(|h| std::ptr::eq(h.relation, relation)),
+        };
+        let index = match found {
+            Some(index) => index,
+            None => {
+                let mut entries = Vec::new();
+                rmp::encode::write_str(&mut entries, "schema")?;
+                rmp::encode::write_str(&mut entries, &relation.schema)?;
+                rmp::encode::write_str(&mut entries, "table")?;
+                rmp::encode::write_str(&mut entries, &relation.table)?;
+                rmp::encode::write_str(&mut entries, "columns")?;
+                rmp_serde::encode::write_named(&mut entries, &Columns(&relation.columns))?;
+                let mut names = Vec::new();
+                let mut name_at = Vec::with_capacity(relation.columns.len());
+                for column in &relation.columns {
+                    let start = names.len();
+                    rmp::encode::write_str(&mut names, &column.name)?;
+                    name_at.push(start..names.len());
+                }
+                self.heads.push(Head {
+                    relation,
+                    entries,
+                    name_at,
+                    names,
+                });
+                self.heads.len() - 1
             }
-            seq.end()
+        };
+        self.last = index;
+        self.heads
+            .get(index)
+            .ok_or_else(|| "a table's head went missing".into())
+    }
+}
+
+/// A source change, keys in the order `HostChange` writes them.
+fn write_source<'a>(
+    out: &mut Vec<u8>,
+    change: &'a Change,
+    heads: &mut Heads<'a>,
+) -> Result<(), EncodeError> {
+    let (op, relation, new, old) = match change {
+        Change::Insert { relation, new } => ("insert", relation, Some(new), None),
+        Change::Snapshot { relation, new } => ("snapshot", relation, Some(new), None),
+        Change::Update { relation, old, new } => ("update", relation, Some(new), old.as_ref()),
+        Change::Delete { relation, old } => ("delete", relation, None, Some(old)),
+        Change::Truncate { .. } | Change::Message { .. } | Change::Schema { .. } => {
+            // Rare: through the wire types.
+            rmp_serde::encode::write_named(out, &to_wire(change))?;
+            return Ok(());
         }
+    };
+    let head = heads.of(relation)?;
+    let len = 4 + u32::from(new.is_some()) + u32::from(old.is_some());
+    rmp::encode::write_map_len(out, len)?;
+    rmp::encode::write_str(out, "op")?;
+    rmp::encode::write_str(out, op)?;
+    out.extend_from_slice(&head.entries);
+    if let Some(new) = new {
+        rmp::encode::write_str(out, "new")?;
+        write_row(out, head, &relation.columns, new, false)?;
     }
-    struct Input<'t, I> {
-        txn: &'t Txn,
-        changes: Changes<I>,
+    if let Some(old) = old {
+        rmp::encode::write_str(out, "old")?;
+        write_row(out, head, &relation.columns, &old.values, old.key_only)?;
     }
-    impl<'a, I: ExactSizeIterator<Item = ChangeRef<'a>> + Clone> Serialize for Input<'_, I> {
-        fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-            let mut map = serializer.serialize_map(Some(2))?;
-            map.serialize_entry("txn", self.txn)?;
-            map.serialize_entry("changes", &self.changes)?;
-            map.end()
+    Ok(())
+}
+
+/// A row as a map of column name to value (only the key's columns when
+/// `key_only`).
+fn write_row(
+    out: &mut Vec<u8>,
+    head: &Head<'_>,
+    columns: &[Column],
+    values: &[Value],
+    key_only: bool,
+) -> Result<(), EncodeError> {
+    let written = |column: &Column| !key_only || column.key;
+    let len = columns
+        .iter()
+        .zip(values)
+        .filter(|(c, _)| written(c))
+        .count();
+    rmp::encode::write_map_len(out, u32::try_from(len)?)?;
+    for ((column, value), at) in columns.iter().zip(values).zip(&head.name_at) {
+        if !written(column) {
+            continue;
         }
+        out.extend_from_slice(head.names.get(at.clone()).unwrap_or_default());
+        write_value(out, value)?;
     }
-    wire::to_msgpack(&Input {
-        txn,
-        changes: Changes(changes),
-    })
-    .map_err(|e| TransformError::InvalidOutput(format!("encoding the batch: {e}")))
+    Ok(())
+}
+
+/// A value as `rmp-serde` writes it; the common kinds without serde.
+fn write_value(out: &mut Vec<u8>, value: &Value) -> Result<(), EncodeError> {
+    match value {
+        Value::Null => rmp::encode::write_nil(out)?,
+        Value::Bool(b) => rmp::encode::write_bool(out, *b)?,
+        Value::Int(i) => {
+            rmp::encode::write_sint(out, *i)?;
+        }
+        Value::Float(f) => rmp::encode::write_f64(out, *f)?,
+        Value::Text(t) => rmp::encode::write_str(out, t)?,
+        other => rmp_serde::encode::write_named(out, other)?,
+    }
+    Ok(())
 }
 
 /// What a result envelope says, read strictly (`docs/abi.md`, "The output").
@@ -646,6 +789,141 @@ mod tests {
                 .map(|r| r.names().collect::<Vec<_>>()),
             Some(vec!["id"])
         );
+    }
+
+    /// The envelope as `rmp-serde` writes it from the borrowed changes:
+    /// what `encode_input` must write, byte for byte.
+    fn through_serde(txn: &Txn, changes: &[ChangeRef<'_>]) -> Vec<u8> {
+        #[derive(Serialize)]
+        struct Input<'a> {
+            txn: &'a Txn,
+            changes: &'a [ChangeRef<'a>],
+        }
+        wire::to_msgpack(&Input { txn, changes }).expect("encode")
+    }
+
+    #[test]
+    fn the_direct_encoding_is_byte_for_byte_what_rmp_serde_writes() {
+        let column = |name: &str, key| Column {
+            name: name.into(),
+            type_oid: 0,
+            type_name: "text".into(),
+            type_modifier: -1,
+            key,
+            kind: TypeKind::Text,
+        };
+        let values = vec![
+            Value::Null,
+            Value::Bool(true),
+            Value::Bool(false),
+            Value::Float(-2.5),
+            Value::Text(String::new()),
+            Value::Text("x".repeat(31)),
+            Value::Text("é".repeat(40)),
+            Value::Text("y".repeat(70_000)),
+            Value::Bytes(vec![0, 1, 255]),
+            Value::Numeric("12.50".into()),
+            Value::Json("{\"a\": 1}".into()),
+            Value::Uuid([7; 16]),
+            Value::Time(86_399_999_999),
+            Value::Array(vec![Value::Int(1), Value::Null, Value::Text("a".into())]),
+            Value::Unchanged,
+        ];
+        let ints = [
+            0,
+            1,
+            127,
+            128,
+            255,
+            256,
+            65_535,
+            65_536,
+            u32::MAX as i64,
+            u32::MAX as i64 + 1,
+            i64::MAX,
+            -1,
+            -32,
+            -33,
+            -128,
+            -129,
+            -32_768,
+            -32_769,
+            i32::MIN as i64,
+            i32::MIN as i64 - 1,
+            i64::MIN,
+        ];
+        let values: Vec<Value> = values
+            .into_iter()
+            .chain(ints.into_iter().map(Value::Int))
+            .collect();
+        let wide = Arc::new(Relation {
+            oid: 2,
+            schema: "s".repeat(40),
+            table: "wide".into(),
+            replica_identity: ReplicaIdentity::Full,
+            columns: (0..values.len())
+                .map(|i| column(&format!("c{i}"), i < 2))
+                .collect(),
+        });
+        let other = relation();
+        let mut changes = batch().changes;
+        changes.extend([
+            Change::Snapshot {
+                relation: wide.clone(),
+                new: values.clone(),
+            },
+            Change::Insert {
+                relation: other.clone(),
+                new: vec![Value::Int(3), Value::Text("c@d".into())],
+            },
+            Change::Update {
+                relation: wide.clone(),
+                old: Some(OldRow {
+                    key_only: false,
+                    values: values.iter().rev().cloned().collect(),
+                }),
+                new: values.clone(),
+            },
+            Change::Delete {
+                relation: wide.clone(),
+                old: OldRow {
+                    key_only: true,
+                    values: values.clone(),
+                },
+            },
+            // Fewer values than columns.
+            Change::Insert {
+                relation: wide.clone(),
+                new: values[..3].to_vec(),
+            },
+            Change::Truncate {
+                relations: vec![wide, other.clone()],
+                cascade: true,
+                restart_identity: false,
+            },
+            Change::Schema {
+                relation: other.clone(),
+                before: other,
+                ddl: vec!["ALTER TABLE users ADD x int".into()],
+            },
+            Change::Message {
+                transactional: false,
+                lsn: crate::event::Lsn(5),
+                prefix: "app".into(),
+                content: b"hello".to_vec(),
+            },
+        ]);
+        let made = WireChange::new(Op::Insert, "public", "made");
+        let mut refs: Vec<ChangeRef<'_>> = changes.iter().map(ChangeRef::Source).collect();
+        refs.insert(2, ChangeRef::Wire(&made));
+        let txn = batch().txn;
+        let direct = encode_input(&txn, refs.iter().copied()).expect("encode");
+        assert!(
+            direct == through_serde(&txn, &refs),
+            "the direct encoding differs from rmp-serde's"
+        );
+        let empty = encode_input(&txn, std::iter::empty()).expect("encode");
+        assert_eq!(empty, through_serde(&txn, &[]));
     }
 
     #[test]
