@@ -235,6 +235,12 @@ impl Lanes {
                         outputs.push(stage.run(part, ack));
                         self.last_part = Instant::now();
                     }
+                    // The held queue may just have emptied: a version
+                    // published meanwhile is adopted now, not at the next
+                    // batch (which an idle stream may not send).
+                    if self.between() {
+                        stage.between(self.boundary);
+                    }
                 }
                 Next::Batch(batch) => {
                     let mut bytes = self.take(batch, &mut stage, &mut outputs);
