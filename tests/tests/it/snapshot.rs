@@ -226,6 +226,23 @@ pub(crate) async fn writer(
     statements
 }
 
+/// Inserts a row into `small` (ids from `first`) every millisecond or so
+/// until `stop` says so: live changes of another table than the one
+/// copied. How many rows it inserted.
+async fn inserter(url: String, first: i64, stop: tokio::sync::watch::Receiver<bool>) -> i64 {
+    let client = connect(&url).await;
+    let mut id = first;
+    while !*stop.borrow() {
+        client
+            .batch_execute(&format!("INSERT INTO small (id) VALUES ({id})"))
+            .await
+            .unwrap_or_else(|e| panic!("inserting {id} into small: {e}"));
+        id += 1;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    id - first
+}
+
 /// The whole promise: a table copied while a writer inserts, updates
 /// (moving keys too) and deletes random rows of it ends equal to the source
 /// in the postgres sink, row for row — no change lost, no row brought back
@@ -428,9 +445,11 @@ async fn keys_of_every_kind_are_copied_exactly_and_a_keyless_table_is_refused() 
 }
 
 /// kill -9 of the host at random moments during a copy, ten times, then a
-/// run to the end: the target equals the source, the copy resumed at its
-/// last checkpointed chunk each time (never from the start), and a table
-/// that was done before the first kill was never copied again.
+/// run to the end, while one writer changes the copied table and another
+/// inserts into a second one (whose changes pass the copy's rows): the
+/// target equals the source, the copy resumed at its last checkpointed
+/// chunk each time (never from the start), and a table that was done before
+/// the first kill was never copied again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_during_a_copy_resumes_each_table_at_its_last_chunk() {
     let pg = cluster();
@@ -458,10 +477,13 @@ async fn kill_9_during_a_copy_resumes_each_table_at_its_last_chunk() {
         &dir,
         port,
         &["public.t", "public.small"],
-        "[pipeline.snapshot]\nchunk_size = 1000\n",
+        "[pipeline.snapshot]\nchunk_size = 2500\n",
     );
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let writing = tokio::spawn(writer(pg.conninfo("src"), ROWS, stopped));
+    let writing = tokio::spawn(writer(pg.conninfo("src"), ROWS, stopped.clone()));
+    // Live changes of `small` pass the chunks of `t` (in parts: a chunk
+    // is more than one part), between kills too.
+    let inserting = tokio::spawn(inserter(pg.conninfo("src"), 1_000, stopped));
     let mut rng = Rng(0x2545_f491_4f6c_dd1d);
     let mut small_chunks = None;
     let mut resumed_at = Vec::new();
@@ -503,6 +525,8 @@ async fn kill_9_during_a_copy_resumes_each_table_at_its_last_chunk() {
     wait_done(port, &host, &["public.t", "public.small"], 240).await;
     let _ = stop.send(true);
     writing.await.expect("writer");
+    let inserted = inserting.await.expect("inserter");
+    assert!(inserted > 100, "{inserted} rows inserted into small");
     wait_equal(&src, &dst, "SELECT * FROM t ORDER BY id", &host, 180).await;
     wait_equal(&src, &dst, "SELECT * FROM small ORDER BY id", &host, 30).await;
     assert!(
@@ -814,22 +838,7 @@ order = "{order}"
     );
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let writing = tokio::spawn(writer(pg.conninfo("postgres"), ROWS, stopped.clone()));
-    let inserting = tokio::spawn({
-        let url = pg.conninfo("postgres");
-        async move {
-            let client = connect(&url).await;
-            let mut id = 0;
-            while !*stopped.borrow() {
-                id += 1;
-                client
-                    .batch_execute(&format!("INSERT INTO small VALUES ({id})"))
-                    .await
-                    .expect("insert into small");
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-            id
-        }
-    });
+    let inserting = tokio::spawn(inserter(pg.conninfo("postgres"), 1, stopped));
     wait_done(port, &host, &["public.t", "public.small"], 120).await;
     let _ = stop.send(true);
     let statements = writing.await.expect("writer");
