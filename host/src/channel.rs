@@ -28,10 +28,14 @@ pub fn channel<T>(count: usize, bytes: usize) -> (Sender<T>, Receiver<T>) {
     )
 }
 
+/// An item in the channel: its bytes' share of the budget, and what it
+/// holds until it is received.
+type Entry<T> = (T, OwnedSemaphorePermit, Option<OwnedSemaphorePermit>);
+
 /// The sending half.
 #[derive(Debug)]
 pub struct Sender<T> {
-    tx: mpsc::Sender<(T, OwnedSemaphorePermit)>,
+    tx: mpsc::Sender<Entry<T>>,
     budget: Arc<Semaphore>,
     total: u32,
 }
@@ -53,14 +57,20 @@ pub struct Closed;
 /// Room for one item of a given size, reserved.
 #[derive(Debug)]
 pub struct Permit<'a, T> {
-    slot: mpsc::Permit<'a, (T, OwnedSemaphorePermit)>,
+    slot: mpsc::Permit<'a, Entry<T>>,
     bytes: OwnedSemaphorePermit,
 }
 
 impl<T> Permit<'_, T> {
     /// Sends the item the room was reserved for.
     pub fn send(self, item: T) {
-        self.slot.send((item, self.bytes));
+        self.slot.send((item, self.bytes, None));
+    }
+
+    /// Sends the item with `hold`, which is released when the item is
+    /// received.
+    pub fn send_holding(self, item: T, hold: OwnedSemaphorePermit) {
+        self.slot.send((item, self.bytes, Some(hold)));
     }
 }
 
@@ -79,19 +89,6 @@ impl<T> Sender<T> {
         Ok(Permit { slot, bytes })
     }
 
-    /// Whether nothing sent is still waiting to be received.
-    pub fn is_empty(&self) -> bool {
-        self.budget.available_permits() == self.total as usize
-    }
-
-    /// Completes once nothing sent is waiting to be received (at once if
-    /// so already). Cancel-safe, like `reserve`.
-    pub async fn emptied(&self) {
-        if let Ok(all) = self.budget.acquire_many(self.total).await {
-            drop(all);
-        }
-    }
-
     /// Sends `item`, declared as `bytes`, once there is room.
     pub async fn send(&self, item: T, bytes: usize) -> Result<(), T> {
         match self.reserve(bytes).await {
@@ -108,19 +105,19 @@ impl<T> Sender<T> {
 /// received.
 #[derive(Debug)]
 pub struct Receiver<T> {
-    rx: mpsc::Receiver<(T, OwnedSemaphorePermit)>,
+    rx: mpsc::Receiver<Entry<T>>,
 }
 
 impl<T> Receiver<T> {
     /// The next item; `None` once every sender is gone and the channel is
     /// empty.
     pub async fn recv(&mut self) -> Option<T> {
-        self.rx.recv().await.map(|(item, _bytes)| item)
+        self.rx.recv().await.map(|(item, _bytes, _hold)| item)
     }
 
     /// The next item if one is waiting.
     pub fn try_recv(&mut self) -> Option<T> {
-        self.rx.try_recv().ok().map(|(item, _bytes)| item)
+        self.rx.try_recv().ok().map(|(item, _bytes, _hold)| item)
     }
 }
 
@@ -163,35 +160,19 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn emptied_waits_until_everything_sent_was_received() {
+    async fn what_an_item_holds_is_released_when_it_is_received() {
         let (tx, mut rx) = channel::<u32>(10, 1000);
-        assert!(tx.is_empty());
-        tokio::time::timeout(Duration::from_millis(50), tx.emptied())
-            .await
-            .expect("empty at once");
-        tx.send(1, 300).await.expect("room");
+        let parts = Arc::new(Semaphore::new(1));
+        let hold = parts.clone().try_acquire_owned().expect("one permit");
+        tx.reserve(1).await.expect("room").send_holding(1, hold);
         tx.send(2, 1).await.expect("room");
-        assert!(!tx.is_empty());
         assert!(
-            tokio::time::timeout(Duration::from_millis(50), tx.emptied())
-                .await
-                .is_err(),
-            "two items wait"
+            parts.clone().try_acquire_owned().is_err(),
+            "held while queued"
         );
         assert_eq!(rx.recv().await, Some(1));
-        assert!(!tx.is_empty());
-        let waiting = tokio::spawn({
-            let tx = tx.clone();
-            async move { tx.emptied().await }
-        });
+        assert!(parts.try_acquire_owned().is_ok(), "released once received");
         assert_eq!(rx.recv().await, Some(2));
-        tokio::time::timeout(Duration::from_secs(5), waiting)
-            .await
-            .expect("emptied once the last item was received")
-            .expect("joined");
-        assert!(tx.is_empty());
-        // Waiting gave back what it had taken: the whole budget is there.
-        tx.send(3, 1000).await.expect("the whole budget");
     }
 
     #[tokio::test]

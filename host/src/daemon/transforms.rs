@@ -16,11 +16,12 @@
 //! them, so one table's changes reach the sink in stream order and its
 //! copied rows never come after a later change of theirs.
 //!
-//! While live batches pass, a part goes to the sink only once the sink has
-//! taken everything handed to it before (or a part has waited
-//! [`PART_WAIT_MAX`]), so a live batch queues behind at most one part.
-//! With no live traffic, parts follow each other at once and the sink
-//! writes them in groups.
+//! While live batches pass, a part goes to the sink stage only once that
+//! stage has taken the part before it from the channel, so a live batch
+//! queues behind at most one part there (a part also goes when the held
+//! queue waited [`PART_WAIT_MAX`] behind a flood of live batches). With no
+//! live traffic, parts follow each other at once and the sink writes them
+//! in groups.
 //!
 //! Delivery order is no longer commit order, and needs not be: the feedback
 //! coordinator checkpoints only the prefix in commit order of what was
@@ -34,6 +35,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::channel;
 use crate::config::SnapshotOrder;
@@ -50,7 +53,8 @@ use crate::transform::chain::{Chain, ChainError};
 /// time: about 1 ms of work for the `identity` module and the file sink.
 pub(crate) const PART_ROWS: usize = 1_000;
 
-/// Longest a held batch waits for its next part while live batches pass.
+/// Longest the held queue waits for its next part while live batches keep
+/// coming.
 pub(crate) const PART_WAIT_MAX: Duration = Duration::from_millis(20);
 
 /// How long after a live batch the stage still spaces parts out for live
@@ -113,6 +117,7 @@ pub(crate) fn spawn(
         received_last: true,
         last_live: None,
         last_part: Instant::now(),
+        part_slot: Arc::new(Semaphore::new(1)),
         ended: false,
     };
     std::thread::Builder::new()
@@ -177,6 +182,10 @@ impl Stage {
     }
 }
 
+/// What is handed to the sink stage: the item, its size, and for a part the
+/// slot it holds until the sink stage takes it.
+type Outgoing = (Staged, usize, Option<OwnedSemaphorePermit>);
+
 /// What the thread does next.
 enum Next {
     /// A batch from the source.
@@ -207,6 +216,9 @@ struct Lanes {
     last_live: Option<Instant>,
     /// When the last part was handed on.
     last_part: Instant,
+    /// Held by a part handed on until the sink stage takes it from the
+    /// channel: while live batches pass, the next part waits for it.
+    part_slot: Arc<Semaphore>,
     /// The source ended: the held queue drains, nothing more comes.
     ended: bool,
 }
@@ -215,7 +227,7 @@ impl Lanes {
     fn run(mut self, mut stage: Stage, runtime: &tokio::runtime::Handle) {
         // What was made since the last send, handed on together so that the
         // sink wakes once for all of it.
-        let mut outputs: Vec<(Staged, usize)> = Vec::new();
+        let mut outputs: Vec<Outgoing> = Vec::new();
         loop {
             if self.held.is_empty() {
                 self.settled = self.boundary;
@@ -232,7 +244,9 @@ impl Lanes {
                 }
                 Next::Part => {
                     if let Some((part, ack)) = self.held.take_part(stage.limits) {
-                        outputs.push(stage.run(part, ack));
+                        let (staged, bytes) = stage.run(part, ack);
+                        let slot = self.part_slot.clone().try_acquire_owned().ok();
+                        outputs.push((staged, bytes, slot));
                         self.last_part = Instant::now();
                     }
                     // The held queue may just have emptied: a version
@@ -256,8 +270,16 @@ impl Lanes {
                     }
                 }
             }
-            for (staged, bytes) in outputs.drain(..) {
-                if runtime.block_on(self.output.send(staged, bytes)).is_err() {
+            for (staged, bytes, slot) in outputs.drain(..) {
+                let sent = runtime.block_on(async {
+                    let permit = self.output.reserve(bytes).await?;
+                    match slot {
+                        Some(slot) => permit.send_holding(staged, slot),
+                        None => permit.send(staged),
+                    }
+                    Ok::<(), channel::Closed>(())
+                });
+                if sent.is_err() {
                     // The sink stage is gone.
                     stage.active.detach(self.settled);
                     return;
@@ -290,18 +312,18 @@ impl Lanes {
             return Next::Batch(batch);
         }
         let live = self.last_live.is_some_and(|at| at.elapsed() < LIVE_RECENT);
-        if held && (!live || self.output.is_empty()) {
+        if held && (!live || self.part_slot.available_permits() > 0) {
             return Next::Part;
         }
         let between = self.between();
         let part_at = tokio::time::Instant::from_std(self.last_part + PART_WAIT_MAX);
-        let (input, output, active) = (&mut self.input, &self.output, &stage.active);
+        let (input, slot, active) = (&mut self.input, &self.part_slot, &stage.active);
         runtime.block_on(async {
             tokio::select! {
                 biased;
                 () = active.woken(), if between => Next::Woken,
                 batch = input.recv(), if room => batch.map_or(Next::Ended, Next::Batch),
-                () = output.emptied(), if held => Next::Part,
+                _ = slot.acquire(), if held => Next::Part,
                 () = tokio::time::sleep_until(part_at), if held => Next::Part,
             }
         })
@@ -310,12 +332,7 @@ impl Lanes {
     /// Takes one batch from the source: watermarks out and chunks placed,
     /// schema changes in; then it runs at once or joins the held queue.
     /// The bytes handed on.
-    fn take(
-        &mut self,
-        mut batch: Batch,
-        stage: &mut Stage,
-        outputs: &mut Vec<(Staged, usize)>,
-    ) -> usize {
+    fn take(&mut self, mut batch: Batch, stage: &mut Stage, outputs: &mut Vec<Outgoing>) -> usize {
         if self.between() {
             stage.between(self.boundary);
         }
@@ -339,7 +356,7 @@ impl Lanes {
             self.last_live = Some(Instant::now());
         }
         let (staged, bytes) = stage.run(batch, Ack::Batch);
-        outputs.push((staged, bytes));
+        outputs.push((staged, bytes, None));
         bytes
     }
 }
