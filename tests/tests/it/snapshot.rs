@@ -47,6 +47,34 @@ sink = {{ type = "postgres", url = {dst} }}
     )
 }
 
+/// A host with pipeline `p` from `src` into the file sink `DIR/out.jsonl`,
+/// its admin API on `port`; `snapshot` is the body of its
+/// `[pipeline.snapshot]` table.
+fn file_config(src: &str, dir: &Path, port: u16, tables: &[&str], snapshot: &str) -> String {
+    let tables: Vec<String> = tables.iter().map(|t| toml_string(t)).collect();
+    format!(
+        r#"
+state = {state}
+
+[admin]
+listen = "127.0.0.1:{port}"
+token = "{TOKEN}"
+
+[[pipeline]]
+name = "p"
+source.url = {src}
+source.tables = [{tables}]
+sink = {{ type = "file", path = {out} }}
+
+[pipeline.snapshot]
+{snapshot}"#,
+        state = toml_string(dir.join("state.redb").to_str().expect("utf-8")),
+        src = toml_string(src),
+        tables = tables.join(", "),
+        out = toml_string(dir.join("out.jsonl").to_str().expect("utf-8")),
+    )
+}
+
 /// Status of pipeline `p`, when the admin API answers.
 pub(crate) async fn status(port: u16) -> Option<Json> {
     let response = reqwest::Client::new()
@@ -698,27 +726,12 @@ async fn small_tables_are_done_and_stream_live_while_a_large_one_is_still_copyin
     let out = dir.join("out.jsonl");
     let host = Host::start(
         &dir,
-        &format!(
-            r#"
-state = {state}
-
-[admin]
-listen = "127.0.0.1:{port}"
-token = "{TOKEN}"
-
-[[pipeline]]
-name = "p"
-source.url = {url}
-source.tables = ["public.big", "public.medium", "public.small"]
-sink = {{ type = "file", path = {out} }}
-
-[pipeline.snapshot]
-chunk_size = 5000
-parallel_tables = 2
-"#,
-            state = toml_string(dir.join("state.redb").to_str().expect("utf-8")),
-            url = toml_string(&pg.conninfo("postgres")),
-            out = toml_string(out.to_str().expect("utf-8")),
+        &file_config(
+            &pg.conninfo("postgres"),
+            &dir,
+            port,
+            &["public.big", "public.medium", "public.small"],
+            "chunk_size = 5000\nparallel_tables = 2\n",
         ),
     );
     let entries = wait_done(port, &host, &["public.small", "public.medium"], 120).await;
@@ -813,27 +826,12 @@ async fn copy_beside_live_writers(order: &str) -> usize {
     let out = dir.join("out.jsonl");
     let host = Host::start(
         &dir,
-        &format!(
-            r#"
-state = {state}
-
-[admin]
-listen = "127.0.0.1:{port}"
-token = "{TOKEN}"
-
-[[pipeline]]
-name = "p"
-source.url = {url}
-source.tables = ["public.t", "public.small"]
-sink = {{ type = "file", path = {out} }}
-
-[pipeline.snapshot]
-chunk_size = 10000
-order = "{order}"
-"#,
-            state = toml_string(dir.join("state.redb").to_str().expect("utf-8")),
-            url = toml_string(&pg.conninfo("postgres")),
-            out = toml_string(out.to_str().expect("utf-8")),
+        &file_config(
+            &pg.conninfo("postgres"),
+            &dir,
+            port,
+            &["public.t", "public.small"],
+            &format!("chunk_size = 10000\norder = \"{order}\"\n"),
         ),
     );
     let (stop, stopped) = tokio::sync::watch::channel(false);
