@@ -14,7 +14,8 @@
 //! that touches a held table (or is a later chunk of a held transaction, or
 //! carries a logical message, which names no table) joins the queue behind
 //! them, so one table's changes reach the sink in stream order and its
-//! copied rows never come after a later change of theirs.
+//! copied rows never come after a later change of theirs. With
+//! `snapshot.order = "commit"` nothing passes (`Held::commit_order`).
 //!
 //! While live batches pass, a part goes to the sink stage only once that
 //! stage has taken the part before it from the channel, so a live batch
@@ -23,9 +24,9 @@
 //! live traffic, parts follow each other at once and the sink writes them
 //! in groups.
 //!
-//! Delivery order is no longer commit order, and needs not be: the feedback
-//! coordinator checkpoints only the prefix in commit order of what was
-//! acknowledged (`feedback.rs`), and a batch split into parts is
+//! Delivery order across tables is then not commit order, and need not be:
+//! the feedback coordinator checkpoints only the prefix in commit order of
+//! what was acknowledged (`feedback.rs`), and a batch split into parts is
 //! acknowledged by its last part ([`Ack`]). After a crash, a batch that
 //! passed a chunk is delivered again with it: at least once, as always.
 //! A new module version is adopted only when nothing is held, between

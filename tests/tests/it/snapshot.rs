@@ -24,33 +24,36 @@ pub(crate) fn config(
     tables: &[&str],
     extra: &str,
 ) -> String {
-    let tables: Vec<String> = tables.iter().map(|t| toml_string(t)).collect();
-    format!(
-        r#"
-state = {state}
-
-[admin]
-listen = "127.0.0.1:{port}"
-token = "{TOKEN}"
-
-[[pipeline]]
-name = "p"
-source.url = {src}
-source.tables = [{tables}]
-sink = {{ type = "postgres", url = {dst} }}
-{extra}
-"#,
-        state = toml_string(dir.join("state.redb").to_str().expect("utf-8")),
-        src = toml_string(src),
-        dst = toml_string(dst),
-        tables = tables.join(", "),
-    )
+    let sink = format!("{{ type = \"postgres\", url = {} }}", toml_string(dst));
+    host_config(src, dir, port, tables, &sink, extra)
 }
 
 /// A host with pipeline `p` from `src` into the file sink `DIR/out.jsonl`,
 /// its admin API on `port`; `snapshot` is the body of its
 /// `[pipeline.snapshot]` table.
 fn file_config(src: &str, dir: &Path, port: u16, tables: &[&str], snapshot: &str) -> String {
+    let out = toml_string(dir.join("out.jsonl").to_str().expect("utf-8"));
+    let sink = format!("{{ type = \"file\", path = {out} }}");
+    host_config(
+        src,
+        dir,
+        port,
+        tables,
+        &sink,
+        &format!("[pipeline.snapshot]\n{snapshot}"),
+    )
+}
+
+/// A host with pipeline `p` from `src` over `tables` into `sink`, its state
+/// in `dir`, its admin API on `port`; `extra` goes at the end.
+fn host_config(
+    src: &str,
+    dir: &Path,
+    port: u16,
+    tables: &[&str],
+    sink: &str,
+    extra: &str,
+) -> String {
     let tables: Vec<String> = tables.iter().map(|t| toml_string(t)).collect();
     format!(
         r#"
@@ -64,14 +67,12 @@ token = "{TOKEN}"
 name = "p"
 source.url = {src}
 source.tables = [{tables}]
-sink = {{ type = "file", path = {out} }}
-
-[pipeline.snapshot]
-{snapshot}"#,
+sink = {sink}
+{extra}
+"#,
         state = toml_string(dir.join("state.redb").to_str().expect("utf-8")),
         src = toml_string(src),
         tables = tables.join(", "),
-        out = toml_string(dir.join("out.jsonl").to_str().expect("utf-8")),
     )
 }
 
