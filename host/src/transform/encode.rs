@@ -60,7 +60,7 @@ impl Serialize for ChangeRef<'_> {
 /// The bytes are those `rmp-serde` writes for the wire types
 /// (`datum_guest::wire::Batch`), written directly: a source change's
 /// `schema`, `table` and `columns` and its column names are encoded once
-/// per table and call ([`Heads`]) and copied into every change of that
+/// per table and call (`Heads`) and copied into every change of that
 /// table, and the common values are written without serde. Any other
 /// change goes through `rmp-serde` as before.
 pub fn encode_input<'a>(
