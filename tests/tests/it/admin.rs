@@ -193,6 +193,30 @@ fn lsn(text: &str) -> u64 {
     text.parse::<datum::Lsn>().expect("an LSN").0
 }
 
+/// Inserts into `t` until `stop` says so: transactions of `per_txn` rows,
+/// ids from 0, one after another with a pause of `pause`. How many rows.
+fn spawn_writer(
+    conninfo: String,
+    per_txn: i64,
+    pause: Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<i64> {
+    tokio::spawn(async move {
+        let client = connect(&conninfo).await;
+        let mut next = 0i64;
+        while !*stop.borrow_and_update() {
+            let values: Vec<String> = (next..next + per_txn).map(|id| format!("({id})")).collect();
+            client
+                .batch_execute(&format!("INSERT INTO t (id) VALUES {}", values.join(", ")))
+                .await
+                .expect("insert");
+            next += per_txn;
+            tokio::time::sleep(pause).await;
+        }
+        next
+    })
+}
+
 /// A throwaway server with table `t`, and a host over it.
 struct Setup {
     pg: pg_throwaway::Cluster,
@@ -228,28 +252,13 @@ async fn fifty_swaps_under_a_running_writer_lose_and_duplicate_nothing() {
     wait_for_slots(client, &["datum_p"], &host).await;
 
     // A writer: transactions of 3 rows, back to back, until told to stop.
-    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-    let writer = {
-        let conninfo = pg.conninfo("postgres");
-        tokio::spawn(async move {
-            let client = connect(&conninfo).await;
-            let mut next = 0;
-            while !*stop_rx.borrow_and_update() {
-                client
-                    .batch_execute(&format!(
-                        "INSERT INTO t (id) VALUES ({}), ({}), ({})",
-                        next,
-                        next + 1,
-                        next + 2
-                    ))
-                    .await
-                    .expect("insert");
-                next += 3;
-                tokio::time::sleep(Duration::from_millis(3)).await;
-            }
-            next
-        })
-    };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let writer = spawn_writer(
+        pg.conninfo("postgres"),
+        3,
+        Duration::from_millis(3),
+        stop_rx,
+    );
 
     let wasm = example_wasm("tagger");
     let mut swaps: Vec<(String, u64, u64)> = Vec::new(); // (tag, version, effective_after)
@@ -287,7 +296,7 @@ async fn fifty_swaps_under_a_running_writer_lose_and_duplicate_nothing() {
         .map(|l| l["new"]["id"].as_i64().expect("id"))
         .collect();
     ids.sort_unstable();
-    assert_eq!(ids, (0..rows as i64).collect::<Vec<_>>());
+    assert_eq!(ids, (0..rows).collect::<Vec<_>>());
     // Each transaction went through exactly one version: the one in force
     // after the last activation at or before its start.
     let mut tags_seen = std::collections::BTreeSet::new();
@@ -343,23 +352,13 @@ async fn swaps_during_a_copy_apply_each_version_from_its_place_in_the_stream() {
     let admin = Admin::new(port);
     admin.wait_running(&host).await;
 
-    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-    let writer = {
-        let conninfo = pg.conninfo("postgres");
-        tokio::spawn(async move {
-            let client = connect(&conninfo).await;
-            let mut next = 0i64;
-            while !*stop_rx.borrow_and_update() {
-                client
-                    .batch_execute(&format!("INSERT INTO t (id) VALUES ({next})"))
-                    .await
-                    .expect("insert");
-                next += 1;
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-            next
-        })
-    };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let writer = spawn_writer(
+        pg.conninfo("postgres"),
+        1,
+        Duration::from_millis(1),
+        stop_rx,
+    );
     let wasm = example_wasm("tagger");
     let mut swaps: Vec<(String, u64)> = Vec::new(); // (tag, effective_after)
     for i in 1..=8 {
