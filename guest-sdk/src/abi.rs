@@ -19,9 +19,9 @@ use std::sync::atomic::{AtomicI64, Ordering};
 
 use crate::Config;
 use crate::error::{Error, Result};
-use crate::lazy::{Layout, LazyBatch, decode_change};
+use crate::lazy::{LazyBatch, each_change};
 use crate::msgpack::{CHANGES_PREFIX, MAX_ARRAY_HEADER, write_array_len, write_uint};
-use crate::read::Shapes;
+use crate::row::Shared;
 use crate::wire::{Batch, Change, Envelope, Op, Output, to_msgpack};
 
 /// The input change being processed, or -1: the panic hook reads it.
@@ -194,7 +194,7 @@ fn changes_envelope(count: u32, body: &[u8]) -> Vec<u8> {
 }
 
 fn encode_change(body: &mut Vec<u8>, change: &Change) -> Result<()> {
-    rmp_serde::encode::write_named(body, change)
+    crate::write::change(body, change)
         .map_err(|e| Error::new(format!("cannot encode a change: {e}")))
 }
 
@@ -220,28 +220,25 @@ fn count(n: usize) -> Result<u32> {
 /// A `schema` change passes through by index without reaching
 /// `per_change`, unless `schema_changes` says the function asked for them.
 fn per_change(
-    input: &[u8],
+    input: Vec<u8>,
     schema_changes: bool,
     mut per_change: impl FnMut(&mut Vec<u8>, Change, &[u8], u32) -> Result<usize>,
 ) -> Vec<u8> {
     let outcome = (|| {
-        let layout = Layout::of(input)?;
+        let input = Shared::new(input);
         let mut body = Vec::new();
         let mut elements = 0usize;
-        let mut shapes = Shapes::default();
-        for (i, range) in layout.changes.iter().enumerate() {
-            // `Layout::of` refused more than u32::MAX changes.
-            let index = i as u32;
+        each_change(&input, |index, range, change| {
             set_current(Some(index));
-            let bytes = &input[range.clone()];
-            let change = decode_change(bytes, i, &mut shapes)?;
             if change.op == Op::Schema && !schema_changes {
                 write_uint(&mut body, index);
                 elements += 1;
-                continue;
+                return Ok(());
             }
+            let bytes = input.get(range).unwrap_or_default();
             elements += per_change(&mut body, change, bytes, index).map_err(|e| e.or_at(index))?;
-        }
+            Ok(())
+        })?;
         set_current(None);
         Ok(changes_envelope(count(elements)?, &body))
     })();
@@ -256,7 +253,7 @@ where
     F: FnMut(&Change) -> R,
     R: FilterResult,
 {
-    per_change(&input, schema_changes, |body, change, _, index| {
+    per_change(input, schema_changes, |body, change, _, index| {
         if keep(&change).into_keep()? {
             write_uint(body, index);
             Ok(1)
@@ -274,7 +271,7 @@ where
     R: MapResult,
 {
     per_change(
-        &input,
+        input,
         schema_changes,
         |body, change, bytes, index| match f(change).into_change()? {
             Some(out) => {
@@ -293,7 +290,7 @@ where
     F: FnMut(Change) -> R,
     R: FlatMapResult,
 {
-    per_change(&input, schema_changes, |body, change, bytes, index| {
+    per_change(input, schema_changes, |body, change, bytes, index| {
         let outs = f(change).into_changes()?;
         for out in &outs {
             emit(body, out, bytes, index)?;

@@ -85,24 +85,6 @@ impl<K: Into<String>, V: Into<Value>> FromIterator<(K, V)> for Row {
     }
 }
 
-impl IntoIterator for Row {
-    type Item = (String, Value);
-    type IntoIter = std::vec::IntoIter<(String, Value)>;
-
-    fn into_iter(self) -> Self::IntoIter {
-        self.into_fields().into_iter()
-    }
-}
-
-impl<'a> IntoIterator for &'a Row {
-    type Item = &'a (String, Value);
-    type IntoIter = std::slice::Iter<'a, (String, Value)>;
-
-    fn into_iter(self) -> Self::IntoIter {
-        self.fields().iter()
-    }
-}
-
 /// Builders, for tests and for modules that make changes of their own:
 ///
 /// ```
@@ -293,10 +275,11 @@ impl Change {
             return false;
         };
         row.set(name, value);
-        match self.columns.iter_mut().find(|c| c.name == name) {
-            Some(column) => {
-                if column.type_name != type_name {
-                    column.type_name = type_name.to_owned();
+        // Only a change to the list makes this change's own copy of it.
+        match self.columns.iter().position(|c| c.name == name) {
+            Some(i) => {
+                if self.columns[i].type_name != type_name {
+                    self.columns[i].type_name = type_name.to_owned();
                 }
             }
             None => self.columns.push(Column {

@@ -11,6 +11,7 @@ use std::ops::Range;
 use crate::error::{Error, Result};
 use crate::msgpack::Reader;
 use crate::read::Shapes;
+use crate::row::Shared;
 use crate::wire::{Batch, Change, Output, Txn, from_msgpack, to_msgpack};
 
 /// Where the parts of an encoded batch are.
@@ -60,9 +61,75 @@ impl Layout {
     }
 }
 
-/// Decodes change `index` from its bytes; an error blames it.
-pub(crate) fn decode_change(bytes: &[u8], index: usize, shapes: &mut Shapes) -> Result<Change> {
-    crate::wire::decode_change_with(bytes, shapes)
+/// Reads a batch's changes in one pass, calling `f` with each one's index,
+/// its bytes' range and the change, in order: what a filter or a map needs,
+/// without splitting the batch first. The batch's frame is checked as
+/// [`Layout::of`] checks it (once every change has been read).
+pub(crate) fn each_change(
+    batch: &Shared,
+    mut f: impl FnMut(u32, Range<usize>, Change) -> Result<()>,
+) -> Result<()> {
+    let malformed = |e: crate::msgpack::Malformed| Error::new(format!("malformed batch: {e}"));
+    let bytes = batch.as_slice();
+    let mut reader = Reader::new(bytes);
+    let (mut txn, mut changes) = (false, false);
+    let mut shapes = Shapes::default();
+    for _ in 0..reader.map_len().map_err(malformed)? {
+        match reader.str_or_skip().map_err(malformed)? {
+            Some("txn") if !txn => {
+                reader.skip().map_err(malformed)?;
+                txn = true;
+            }
+            Some("changes") if !changes => {
+                let len = reader.array_len().map_err(malformed)?;
+                let len = u32::try_from(len)
+                    .map_err(|_| Error::new("malformed batch: too many changes"))?;
+                for index in 0..len {
+                    let start = reader.position();
+                    let change = match crate::read::change_from(&mut reader, batch, &mut shapes) {
+                        Some(change) => change,
+                        None => {
+                            // Not a shape the fast reader knows: `rmp-serde`
+                            // decides, on the change's own bytes.
+                            reader = Reader::at(bytes, start);
+                            let range = reader.skip().map_err(malformed)?;
+                            decode_change(batch, range, index as usize, &mut shapes)?
+                        }
+                    };
+                    f(index, start..reader.position(), change)?;
+                }
+                changes = true;
+            }
+            Some(key @ ("txn" | "changes")) => {
+                return Err(Error::new(format!("malformed batch: `{key}` twice")));
+            }
+            _ => {
+                reader.skip().map_err(malformed)?;
+            }
+        }
+    }
+    if !reader.at_end() {
+        return Err(Error::new(format!(
+            "malformed batch: {} bytes after the batch",
+            bytes.len() - reader.position()
+        )));
+    }
+    match (txn, changes) {
+        (false, _) => Err(Error::new("malformed batch: no `txn`")),
+        (_, false) => Err(Error::new("malformed batch: no `changes`")),
+        _ => Ok(()),
+    }
+}
+
+/// Decodes change `index` from its bytes (`range` of the batch); an error
+/// blames it.
+pub(crate) fn decode_change(
+    batch: &Shared,
+    range: Range<usize>,
+    index: usize,
+    shapes: &mut Shapes,
+) -> Result<Change> {
+    crate::wire::decode_change_at(batch, range, shapes)
         .map_err(|e| Error::new(format!("cannot decode change {index}: {e}")).at(index))
 }
 
@@ -73,7 +140,7 @@ pub(crate) fn decode_change(bytes: &[u8], index: usize, shapes: &mut Shapes) -> 
 /// without decoding any. In tests, build one with [`LazyBatch::from_batch`].
 #[derive(Clone)]
 pub struct LazyBatch {
-    bytes: Vec<u8>,
+    bytes: Shared,
     txn: Txn,
     changes: Vec<Range<usize>>,
 }
@@ -85,7 +152,7 @@ impl LazyBatch {
         let txn = from_msgpack(&bytes[layout.txn.clone()])
             .map_err(|e| Error::new(format!("malformed batch: cannot decode `txn`: {e}")))?;
         Ok(LazyBatch {
-            bytes,
+            bytes: Shared::new(bytes),
             txn,
             changes: layout.changes,
         })
@@ -116,7 +183,8 @@ impl LazyBatch {
     pub fn change(&self, index: usize) -> Option<Result<Change>> {
         let range = self.changes.get(index)?.clone();
         Some(decode_change(
-            &self.bytes[range],
+            &self.bytes,
+            range,
             index,
             &mut Shapes::single(),
         ))
@@ -128,12 +196,14 @@ impl LazyBatch {
         self.changes
             .iter()
             .enumerate()
-            .map(move |(i, range)| decode_change(&self.bytes[range.clone()], i, &mut shapes))
+            .map(move |(i, range)| decode_change(&self.bytes, range.clone(), i, &mut shapes))
     }
 
     /// The MessagePack bytes of change `index`, undecoded.
     pub fn raw_change(&self, index: usize) -> Option<&[u8]> {
-        self.changes.get(index).map(|r| &self.bytes[r.clone()])
+        self.changes
+            .get(index)
+            .and_then(|r| self.bytes.get(r.clone()))
     }
 
     /// Keeps change `index` unchanged.

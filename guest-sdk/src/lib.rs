@@ -76,6 +76,17 @@
 //! [`Value::as_timestamp`]...). [`Change::set_column`] and [`Row::set`]
 //! write anything that converts into a [`Value`].
 //!
+//! Reading costs what a module reads. A row from the host keeps each value
+//! as the bytes it came in and decodes it the first time it is read (the
+//! SDK checked, when it read the batch, that every value decodes, so a bad
+//! one is still an error that names its change). A value the module never
+//! changed, a column name it never renamed and a `columns` list it never
+//! changed are written back as the bytes they came in; the changes of one
+//! table share one `columns` list ([`Columns`]) until one of them changes
+//! it. [`Row::fields`] and [`Row::get`] decode what they hand out;
+//! [`Row::get_mut`], [`Row::set`] and [`Row::values_mut`] mark what they
+//! hand out as changed.
+//!
 //! A `numeric` arrives as its exact decimal text (`"12.50"`, also `"NaN"`,
 //! `"Infinity"` and `"-Infinity"`), never as a float. To compute with it,
 //! turn on the `decimal` feature (`features = ["decimal"]` on the
@@ -131,6 +142,7 @@ pub mod abi;
 #[cfg_attr(not(all(target_arch = "wasm32", feature = "arena")), allow(dead_code))]
 mod arena;
 mod change;
+mod columns;
 mod config;
 #[cfg(feature = "decimal")]
 mod decimal;
@@ -140,9 +152,11 @@ mod exports;
 mod lazy;
 mod msgpack;
 mod read;
+mod row;
 pub mod testing;
 mod value;
 pub mod wire;
+mod write;
 
 pub use config::Config;
 pub use datum_guest_macros::{filter, flat_map, init, map, transform};
@@ -159,8 +173,9 @@ pub use rust_decimal;
 #[cfg(feature = "decimal")]
 pub use rust_decimal::Decimal;
 pub use wire::{
-    Batch, Change, Column, Date, Envelope, GuestError, Interval, LogicalMessage, Op, Output, Row,
-    SchemaChange, ShapeColumn, TableName, TableShape, Timestamp, Truncate, Txn, Value,
+    Batch, Change, Column, Columns, Date, Envelope, Fields, GuestError, Interval, LogicalMessage,
+    Op, Output, Row, SchemaChange, ShapeColumn, TableName, TableShape, Timestamp, Truncate, Txn,
+    Value,
 };
 
 /// The version of the host–guest ABI this SDK speaks (`datum_abi_v1`).

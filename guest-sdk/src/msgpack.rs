@@ -31,6 +31,11 @@ impl<'a> Reader<'a> {
         Reader { buf, pos: 0 }
     }
 
+    /// A cursor at byte `pos` of `buf`.
+    pub(crate) fn at(buf: &'a [u8], pos: usize) -> Reader<'a> {
+        Reader { buf, pos }
+    }
+
     /// The offset of the next byte.
     pub(crate) fn position(&self) -> usize {
         self.pos

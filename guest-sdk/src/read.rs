@@ -15,7 +15,11 @@
 //! The rare parts of a change (`truncate`, `message`, `schema_change`) are
 //! handed to `rmp-serde` on their own bytes.
 
+use std::ops::Range;
+
+use crate::columns::Columns;
 use crate::msgpack::Reader;
+use crate::row::Shared;
 use crate::wire::{
     Change, Column, Date, Interval, Op, Output, Row, Timestamp, Value, from_msgpack,
 };
@@ -25,10 +29,10 @@ const MAX_DEPTH: usize = 32;
 
 /// The columns of the last change read, by their bytes: the changes of a
 /// batch mostly share one table's columns, and a change whose columns are
-/// byte for byte the last ones gets a copy instead of a second reading.
+/// byte for byte the last ones shares them instead of a second reading.
 #[derive(Debug, Default)]
 pub(crate) struct Shapes {
-    last: Option<(Vec<u8>, Vec<Column>)>,
+    last: Option<Columns>,
     /// Reads only one change: remembering would cost a copy for nothing.
     single: bool,
 }
@@ -43,16 +47,35 @@ impl Shapes {
     }
 }
 
-/// One change, the whole of `bytes`.
-pub(crate) fn change(bytes: &[u8], shapes: &mut Shapes) -> Option<Change> {
-    let mut r = Reader::new(bytes);
-    let change = read_change(&mut r, bytes, shapes)?;
+/// One change, the whole of `range` in `shared`; its rows keep `shared`.
+pub(crate) fn change(shared: &Shared, range: Range<usize>, shapes: &mut Shapes) -> Option<Change> {
+    let whole = shared.get(..range.end)?;
+    let mut r = Reader::at(whole, range.start);
+    let change = read_change(&mut r, whole, shared, shapes)?;
     r.at_end().then_some(change)
+}
+
+/// The change `r` is at, `r` reading `shared` from its start; `r` ends
+/// past it. `None` leaves `r` anywhere within it.
+pub(crate) fn change_from(
+    r: &mut Reader<'_>,
+    shared: &Shared,
+    shapes: &mut Shapes,
+) -> Option<Change> {
+    read_change(r, shared.as_slice(), shared, shapes)
+}
+
+/// A value, the whole of `bytes`.
+pub(crate) fn value_of(bytes: &[u8]) -> Option<Value> {
+    let mut r = Reader::new(bytes);
+    let value = value(&mut r, 0)?;
+    r.at_end().then_some(value)
 }
 
 /// A result envelope with `changes` as its only key, each element a kept
 /// index (as an unsigned integer of at most 32 bits) or a change.
-pub(crate) fn changes_envelope(bytes: &[u8]) -> Option<Vec<Output>> {
+pub(crate) fn changes_envelope(shared: &Shared) -> Option<Vec<Output>> {
+    let bytes = shared.as_slice();
     let mut r = Reader::new(bytes);
     if r.map_len().ok()? != 1 || str(&mut r)? != "changes" {
         return None;
@@ -63,7 +86,7 @@ pub(crate) fn changes_envelope(bytes: &[u8]) -> Option<Vec<Output>> {
     for _ in 0..len {
         let output = match r.peek()? {
             0x00..=0x7f | 0xcc | 0xcd | 0xce => Output::Keep(u32::try_from(int(&mut r)?).ok()?),
-            _ => Output::Change(Box::new(read_change(&mut r, bytes, &mut shapes)?)),
+            _ => Output::Change(Box::new(read_change(&mut r, bytes, shared, &mut shapes)?)),
         };
         outputs.push(output);
     }
@@ -88,9 +111,14 @@ fn field_bit(key: &str) -> Option<u16> {
     Some(1 << n)
 }
 
-/// A change map; `whole` is the buffer `r` reads, for the parts handed to
-/// `rmp-serde`.
-fn read_change(r: &mut Reader<'_>, whole: &[u8], shapes: &mut Shapes) -> Option<Change> {
+/// A change map; `whole` is the buffer `r` reads (the start of `shared`),
+/// for the parts handed to `rmp-serde` and the rows' values.
+fn read_change(
+    r: &mut Reader<'_>,
+    whole: &[u8],
+    shared: &Shared,
+    shapes: &mut Shapes,
+) -> Option<Change> {
     let entries = r.map_len().ok()?;
     let mut op = None;
     let mut change = Change::new(Op::Insert, String::new(), String::new());
@@ -107,8 +135,8 @@ fn read_change(r: &mut Reader<'_>, whole: &[u8], shapes: &mut Shapes) -> Option<
             "schema" => change.schema = string(r)?,
             "table" => change.table = string(r)?,
             "columns" => change.columns = shapes.columns(r, whole)?,
-            "new" => change.new = optional(r, row)?,
-            "old" => change.old = optional(r, row)?,
+            "new" => change.new = optional(r, |r| row(r, shared))?,
+            "old" => change.old = optional(r, |r| row(r, shared))?,
             "route" => change.route = optional(r, string)?,
             "truncate" => change.truncate = optional(r, |r| by_serde(r, whole))?,
             "message" => change.message = optional(r, |r| by_serde(r, whole))?,
@@ -152,21 +180,23 @@ fn read_op(r: &mut Reader<'_>) -> Option<Op> {
 
 impl Shapes {
     /// The columns array `r` is at, read or copied from the last one.
-    fn columns(&mut self, r: &mut Reader<'_>, whole: &[u8]) -> Option<Vec<Column>> {
+    fn columns(&mut self, r: &mut Reader<'_>, whole: &[u8]) -> Option<Columns> {
         let start = r.position();
-        if let Some((bytes, columns)) = &self.last
+        if let Some(last) = &self.last
+            && let Some(bytes) = last.raw()
             && start
                 .checked_add(bytes.len())
                 .and_then(|end| whole.get(start..end))
-                == Some(bytes.as_slice())
+                == Some(bytes)
         {
             // The same bytes from the start of an array: the same array.
             r.take(bytes.len()).ok()?;
-            return Some(columns.clone());
+            return Some(last.clone());
         }
-        let columns = columns(r)?;
+        let list = columns(r)?;
+        let columns = Columns::read(list, whole.get(start..r.position())?.to_vec());
         if !self.single {
-            self.last = Some((whole.get(start..r.position())?.to_vec(), columns.clone()));
+            self.last = Some(columns.clone());
         }
         Some(columns)
     }
@@ -199,14 +229,52 @@ fn columns(r: &mut Reader<'_>) -> Option<Vec<Column>> {
     Some(columns)
 }
 
-fn row(r: &mut Reader<'_>) -> Option<Row> {
+/// A row: each name read, each value checked to decode (`checked_value`)
+/// and left as its bytes in `shared` until the module reads it.
+fn row(r: &mut Reader<'_>, shared: &Shared) -> Option<Row> {
     let entries = r.map_len().ok()?;
-    let mut fields = Vec::with_capacity(entries.min(4096));
+    let mut cells = Vec::with_capacity(entries.min(4096));
     for _ in 0..entries {
-        let name = string(r)?;
-        fields.push((name, value(r, 0)?));
+        let token = r.position();
+        let name = str(r)?;
+        let text = r.position() - name.len();
+        let start = r.position();
+        checked_value(r)?;
+        cells.push([token..start, text..start, start..r.position()]);
     }
-    Some(Row::from_fields(fields))
+    Some(Row::from_raw(shared.clone(), cells))
+}
+
+/// Whether the value `r` is at decodes (`value` answers `Some`), without
+/// making it where that needs no allocation: what `value` would read, in the
+/// same order, with the same checks.
+fn checked_value(r: &mut Reader<'_>) -> Option<()> {
+    match r.peek()? {
+        0xc0 | 0xc2 | 0xc3 => {
+            r.byte().ok()?;
+        }
+        0x00..=0x7f | 0xcc..=0xcf | 0xd0..=0xd3 | 0xe0..=0xff => {
+            int(r)?;
+        }
+        0xca => {
+            r.byte().ok()?;
+            r.take(4).ok()?;
+        }
+        0xcb => {
+            r.byte().ok()?;
+            r.take(8).ok()?;
+        }
+        0xa0..=0xbf | 0xd9..=0xdb => {
+            str(r)?;
+        }
+        0xc4..=0xc6 => {
+            bin(r)?;
+        }
+        _ => {
+            value(r, 0)?;
+        }
+    }
+    Some(())
 }
 
 fn value(r: &mut Reader<'_>, depth: usize) -> Option<Value> {
@@ -381,6 +449,16 @@ pub(crate) mod tests {
         to_msgpack,
     };
 
+    /// [`super::change`] on a buffer of its own.
+    fn change(bytes: &[u8], shapes: &mut Shapes) -> Option<Change> {
+        super::change(&Shared::new(bytes.to_vec()), 0..bytes.len(), shapes)
+    }
+
+    /// [`super::changes_envelope`] on a buffer of its own.
+    fn changes_envelope(bytes: &[u8]) -> Option<Vec<Output>> {
+        super::changes_envelope(&Shared::new(bytes.to_vec()))
+    }
+
     /// Every kind of value; `big` adds the ones with 32-bit lengths.
     pub(crate) fn every_value(big: bool) -> Vec<(String, Value)> {
         let mut values = vec![
@@ -454,7 +532,7 @@ pub(crate) mod tests {
         }
     }
 
-    fn corpus(big: bool) -> Vec<Change> {
+    pub(crate) fn corpus(big: bool) -> Vec<Change> {
         let values = every_value(big);
         let columns: Vec<Column> = values
             .iter()
@@ -466,7 +544,7 @@ pub(crate) mod tests {
             })
             .collect();
         let mut insert = Change::new(Op::Insert, "public", "every");
-        insert.columns = columns;
+        insert.columns = columns.into();
         insert.new = Some(Row::from_fields(values.clone()));
         let mut update = insert.clone();
         update.op = Op::Update;

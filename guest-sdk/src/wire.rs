@@ -165,138 +165,8 @@ pub struct Column {
     pub key: bool,
 }
 
-/// A row: column names and values, in column order. Serialized as a map.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Row {
-    fields: Vec<(String, Value)>,
-}
-
-impl Row {
-    /// An empty row.
-    pub fn new() -> Row {
-        Row::default()
-    }
-
-    /// A row from `(name, value)` pairs, in order.
-    pub fn from_fields(fields: Vec<(String, Value)>) -> Row {
-        Row { fields }
-    }
-
-    /// The `(name, value)` pairs, in order.
-    pub fn fields(&self) -> &[(String, Value)] {
-        &self.fields
-    }
-
-    /// Consumes the row into its `(name, value)` pairs.
-    pub fn into_fields(self) -> Vec<(String, Value)> {
-        self.fields
-    }
-
-    /// The value of a column, if the row has it.
-    pub fn get(&self, name: &str) -> Option<&Value> {
-        self.fields.iter().find(|(n, _)| n == name).map(|(_, v)| v)
-    }
-
-    /// A mutable reference to a column's value.
-    pub fn get_mut(&mut self, name: &str) -> Option<&mut Value> {
-        self.fields
-            .iter_mut()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v)
-    }
-
-    /// Sets a column, replacing its value or appending it; returns the old
-    /// value.
-    pub fn set(&mut self, name: impl Into<String>, value: impl Into<Value>) -> Option<Value> {
-        let name = name.into();
-        let value = value.into();
-        match self.get_mut(&name) {
-            Some(slot) => Some(std::mem::replace(slot, value)),
-            None => {
-                self.fields.push((name, value));
-                None
-            }
-        }
-    }
-
-    /// Removes a column; returns its value.
-    pub fn remove(&mut self, name: &str) -> Option<Value> {
-        let index = self.fields.iter().position(|(n, _)| n == name)?;
-        Some(self.fields.remove(index).1)
-    }
-
-    /// Whether the row has a column of that name.
-    pub fn contains(&self, name: &str) -> bool {
-        self.get(name).is_some()
-    }
-
-    /// Column names, in order.
-    pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.fields.iter().map(|(n, _)| n.as_str())
-    }
-
-    /// Number of columns.
-    pub fn len(&self) -> usize {
-        self.fields.len()
-    }
-
-    /// Whether the row has no column.
-    pub fn is_empty(&self) -> bool {
-        self.fields.is_empty()
-    }
-
-    /// The `(name, value)` pairs with mutable values, in order.
-    pub fn values_mut(&mut self) -> impl Iterator<Item = (&str, &mut Value)> {
-        self.fields.iter_mut().map(|(n, v)| (n.as_str(), v))
-    }
-
-    /// Keeps only the columns for which `keep(name, value)` holds, in order.
-    pub fn retain(&mut self, mut keep: impl FnMut(&str, &Value) -> bool) {
-        self.fields.retain(|(n, v)| keep(n, v));
-    }
-
-    /// Renames a column in place (its position is kept); returns whether the
-    /// row had it.
-    pub fn rename(&mut self, from: &str, to: impl Into<String>) -> bool {
-        match self.fields.iter_mut().find(|(n, _)| n == from) {
-            Some((name, _)) => {
-                *name = to.into();
-                true
-            }
-            None => false,
-        }
-    }
-}
-
-impl Serialize for Row {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut map = serializer.serialize_map(Some(self.fields.len()))?;
-        for (name, value) in &self.fields {
-            map.serialize_entry(name, value)?;
-        }
-        map.end()
-    }
-}
-
-impl<'de> Deserialize<'de> for Row {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Row, D::Error> {
-        struct RowVisitor;
-        impl<'de> Visitor<'de> for RowVisitor {
-            type Value = Row;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a map of column names to values")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Row, A::Error> {
-                let mut fields = Vec::with_capacity(map.size_hint().unwrap_or(0).min(4096));
-                while let Some((name, value)) = map.next_entry::<String, Value>()? {
-                    fields.push((name, value));
-                }
-                Ok(Row { fields })
-            }
-        }
-        deserializer.deserialize_map(RowVisitor)
-    }
-}
+pub use crate::columns::Columns;
+pub use crate::row::{Fields, Row};
 
 /// A table named in a truncate.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -390,9 +260,9 @@ pub struct Change {
     /// The table (empty for messages).
     #[serde(default)]
     pub table: String,
-    /// The table's columns, in order.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub columns: Vec<Column>,
+    /// The table's columns, in order (a `Vec<Column>` to read and change).
+    #[serde(default, skip_serializing_if = "Columns::is_empty")]
+    pub columns: Columns,
     /// The new row (insert, update, snapshot).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub new: Option<Row>,
@@ -420,7 +290,7 @@ impl Change {
             op,
             schema: schema.into(),
             table: table.into(),
-            columns: Vec::new(),
+            columns: Columns::new(),
             new: None,
             old: None,
             route: None,
@@ -528,29 +398,54 @@ pub fn from_msgpack<'a, T: Deserialize<'a>>(
 
 /// Decodes one change: the same answer as `from_msgpack::<Change>`, found
 /// faster for the shapes hosts and the SDK write (each key and value read
-/// straight from the bytes); anything else is decoded by `rmp-serde`.
+/// straight from the bytes, a row's values when first read); anything else
+/// is decoded by `rmp-serde`.
 pub fn decode_change(bytes: &[u8]) -> Result<Change, rmp_serde::decode::Error> {
-    decode_change_with(bytes, &mut crate::read::Shapes::single())
+    let len = bytes.len();
+    decode_change_at(
+        &std::sync::Arc::new(bytes.to_vec()),
+        0..len,
+        &mut crate::read::Shapes::single(),
+    )
 }
 
-/// [`decode_change`] for one change of several, with the columns `shapes`
-/// remembers from the ones before.
-pub(crate) fn decode_change_with(
-    bytes: &[u8],
+/// [`decode_change`] for the change at `range` of a batch, with the columns
+/// `shapes` remembers from the ones before.
+pub(crate) fn decode_change_at(
+    shared: &crate::row::Shared,
+    range: std::ops::Range<usize>,
     shapes: &mut crate::read::Shapes,
 ) -> Result<Change, rmp_serde::decode::Error> {
-    match crate::read::change(bytes, shapes) {
+    match crate::read::change(shared, range.clone(), shapes) {
         Some(change) => Ok(change),
-        None => from_msgpack(bytes),
+        None => from_msgpack(shared.get(range).unwrap_or_default()),
     }
+}
+
+/// Appends a change's MessagePack to `out`: the bytes [`to_msgpack`]
+/// writes, with the parts of a decoded change that nobody changed (its
+/// column list, a row's names and values) copied as they were read.
+pub fn encode_change_into(
+    out: &mut Vec<u8>,
+    change: &Change,
+) -> Result<(), rmp_serde::encode::Error> {
+    crate::write::change(out, change)
 }
 
 /// Reads a result envelope of the plain shape `{"changes": [...]}`, its
 /// elements kept indexes (unsigned, 32 bits at most) and changes, quickly.
 /// `None` for any other envelope, valid or not: decode that with
-/// [`from_msgpack`] (or a stricter reader), which gives the reasons.
-pub fn decode_changes_envelope(bytes: &[u8]) -> Option<Vec<Output>> {
-    crate::read::changes_envelope(bytes)
+/// [`from_msgpack`] (or a stricter reader), which gives the reasons: the
+/// bytes come back for that. The changes' rows keep `bytes` and decode
+/// their values when first read.
+pub fn decode_changes_envelope(bytes: Vec<u8>) -> Result<Vec<Output>, Vec<u8>> {
+    let shared = std::sync::Arc::new(bytes);
+    match crate::read::changes_envelope(&shared) {
+        Some(outputs) => Ok(outputs),
+        // The rows read before the reader gave up are gone: the buffer is
+        // no longer shared, and comes back without a copy.
+        None => Err(std::sync::Arc::try_unwrap(shared).unwrap_or_else(|s| s.as_ref().clone())),
+    }
 }
 
 // ---------------------------------------------------------------------------

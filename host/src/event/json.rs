@@ -348,7 +348,7 @@ impl Serialize for ChangeJson<'_> {
             ColumnsForm::Omit | ColumnsForm::KeyOnly => false,
             ColumnsForm::Auto => {
                 let key: Vec<String> = key.iter().map(|k| (*k).to_owned()).collect();
-                infer_columns(c.new.as_ref(), c.old.as_ref(), &key) != c.columns
+                c.columns != infer_columns(c.new.as_ref(), c.old.as_ref(), &key)
             }
         };
         // `key` even when empty: what is written states the columns, and a
@@ -493,7 +493,7 @@ pub(crate) fn infer_columns(new: Option<&Row>, old: Option<&Row>, key: &[String]
     let mut columns: Vec<Column> = Vec::new();
     for row in [new, old].into_iter().flatten() {
         for (name, _) in row.fields() {
-            if columns.iter().any(|c| &c.name == name) {
+            if columns.iter().any(|c| c.name == name) {
                 continue;
             }
             let type_name = [new, old]
@@ -503,9 +503,9 @@ pub(crate) fn infer_columns(new: Option<&Row>, old: Option<&Row>, key: &[String]
                 .find_map(type_of)
                 .unwrap_or_else(|| "text".to_owned());
             columns.push(Column {
-                name: name.clone(),
+                name: name.to_owned(),
                 type_name,
-                key: key.contains(name),
+                key: key.iter().any(|k| k == name),
             });
         }
     }

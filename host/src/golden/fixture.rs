@@ -235,7 +235,7 @@ impl ChangeDoc {
                 op: self.op,
                 schema,
                 table,
-                columns,
+                columns: columns.into(),
                 new,
                 old,
                 route: self.route,

@@ -209,7 +209,7 @@ fn change_line(out: &mut String, change: &WireChange, width: usize, style: Style
 }
 
 fn row_text(out: &mut String, row: &Row) {
-    for (i, (name, value)) in row.fields().iter().enumerate() {
+    for (i, (name, value)) in row.fields().enumerate() {
         if i > 0 {
             out.push(' ');
         }

@@ -169,7 +169,7 @@ fn call(
 ) -> Result<(Vec<Item>, Option<u64>), TransformError> {
     let input = encode_input(&source.txn, items.iter().map(|item| resolve(item, source)))?;
     let (output, stats) = instance.call(&input, meta)?;
-    Ok((decode_output(&output, items, source)?, stats.fuel))
+    Ok((decode_output(output, items, source)?, stats.fuel))
 }
 
 fn is_schema(item: &Item, source: &Batch) -> bool {

@@ -92,7 +92,7 @@ fn write_input<'a>(
     for change in changes {
         match change {
             ChangeRef::Source(change) => write_source(out, change, heads)?,
-            ChangeRef::Wire(change) => rmp_serde::encode::write_named(out, change)?,
+            ChangeRef::Wire(change) => wire::encode_change_into(out, change)?,
         }
     }
     Ok(())
@@ -248,12 +248,15 @@ pub(crate) enum Answer {
 /// (not both; other keys are ignored, as readers ignore fields they do not
 /// know), and nothing after it. An element of `changes` that is neither an
 /// index nor a change map is reported with its position and why.
-pub(crate) fn decode_envelope(bytes: &[u8]) -> Result<Answer, String> {
-    // The shape every module answers with when it works, read directly;
-    // anything else (errors included) goes the strict way below.
-    if let Some(changes) = wire::decode_changes_envelope(bytes) {
-        return Ok(Answer::Changes(changes));
-    }
+pub(crate) fn decode_envelope(bytes: Vec<u8>) -> Result<Answer, String> {
+    // The shape every module answers with when it works, read directly
+    // (rows keep the bytes, and values decode when read); anything else
+    // (errors included) goes the strict way below.
+    let bytes = match wire::decode_changes_envelope(bytes) {
+        Ok(changes) => return Ok(Answer::Changes(changes)),
+        Err(bytes) => bytes,
+    };
+    let bytes = bytes.as_slice();
     let mut reader = std::io::Cursor::new(bytes);
     let mut de = rmp_serde::Deserializer::new(&mut reader);
     let envelope = RawEnvelope::deserialize(&mut de).map_err(|e| match e {
@@ -381,7 +384,7 @@ fn check_change(change: &WireChange) -> Result<(), String> {
 
 /// Resolves a result envelope against the `input` items it answers.
 pub(crate) fn decode_output(
-    bytes: &[u8],
+    bytes: Vec<u8>,
     input: &[Item],
     source: &Batch,
 ) -> Result<Vec<Item>, TransformError> {
@@ -419,7 +422,7 @@ pub(crate) fn decode_output(
                     TransformError::InvalidOutput(format!("output change {position}: {why}"))
                 })?;
                 if change.columns.is_empty() {
-                    change.columns = infer_columns(&change, input, source);
+                    change.columns = infer_columns(&change, input, source).into();
                 }
                 Ok(Item::Wire(change))
             }
@@ -446,7 +449,7 @@ fn infer_columns(change: &WireChange, input: &[Item], source: &Batch) -> Vec<Wir
             _ => None,
         }),
         Item::Wire(c) if c.schema == change.schema && c.table == change.table => {
-            Some(c.columns.clone())
+            Some(c.columns.to_vec())
         }
         Item::Wire(_) => None,
     });
@@ -939,12 +942,8 @@ mod tests {
                 Output::Keep(0),
             ],
         };
-        let out = decode_output(
-            &wire::to_msgpack(&envelope).expect("encode"),
-            &input,
-            &batch,
-        )
-        .expect("decode");
+        let out = decode_output(wire::to_msgpack(&envelope).expect("encode"), &input, &batch)
+            .expect("decode");
         assert_eq!(out[0], Item::Source(2));
         assert_eq!(out[2], Item::Source(0));
         let Item::Wire(made) = &out[1] else {
@@ -963,10 +962,10 @@ mod tests {
         let bad = Envelope::Changes {
             changes: vec![Output::Keep(3)],
         };
-        let err = decode_output(&wire::to_msgpack(&bad).expect("encode"), &input, &batch)
+        let err = decode_output(wire::to_msgpack(&bad).expect("encode"), &input, &batch)
             .expect_err("out of range");
         assert_eq!(err.kind(), "invalid_output");
-        let err = decode_output(b"\xc1", &input, &batch).expect_err("garbage");
+        let err = decode_output(b"\xc1".to_vec(), &input, &batch).expect_err("garbage");
         assert_eq!(err.kind(), "invalid_output");
     }
 }

@@ -577,7 +577,7 @@ impl Instance {
                 .map_err(|e| classify(e, inner.limits, None))?;
             if packed != 0 {
                 let bytes = read_output(&mut live, packed, inner.limits)?;
-                match super::encode::decode_envelope(&bytes) {
+                match super::encode::decode_envelope(bytes) {
                     Ok(super::encode::Answer::Error(error)) => {
                         return Err(TransformError::Init(error.message));
                     }

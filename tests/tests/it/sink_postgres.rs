@@ -66,7 +66,8 @@ fn insert(schema: &str, table: &str, id: i64, name: &str, route: Option<&str>) -
             type_name: "text".into(),
             key: false,
         },
-    ];
+    ]
+    .into();
     change.new = Some(Row::from_fields(vec![
         ("id".into(), Value::Int(id)),
         ("name".into(), Value::Text(name.into())),

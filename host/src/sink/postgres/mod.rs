@@ -459,7 +459,7 @@ fn plan_change(routes: &Routes, change: &Change, plan: &mut Vec<Planned>) -> Res
                         .is_some_and(|v| Some(v) != new.get(&k.name))
                 })
             });
-            let partial = new.fields().iter().any(|(_, v)| *v == Value::Unchanged);
+            let partial = new.fields().any(|(_, v)| *v == Value::Unchanged);
             match (partial, key_changed, old) {
                 (true, true, Some(old)) => exec.update(&keys, Some(old), new),
                 (true, _, _) => exec.update(&keys, None, new),
@@ -657,7 +657,7 @@ impl Exec<'_> {
             }
         }
         let names: Vec<String> = new.names().map(quote_ident).collect();
-        let params: Vec<PgText> = new.fields().iter().map(|(_, v)| PgText::of(v)).collect();
+        let params: Vec<PgText> = new.fields().map(|(_, v)| PgText::of(v)).collect();
         let placeholders: Vec<String> = (1..=params.len()).map(|i| format!("${i}")).collect();
         let conflict: Vec<String> = keys.iter().map(|k| quote_ident(&k.name)).collect();
         let set: Vec<String> = new
