@@ -76,8 +76,16 @@ impl Settings {
                     masked |= self.mask_value(value)?;
                 }
             }
-            if masked && let Some(column) = change.find_column_mut(name) {
-                retype(&mut column.type_name);
+            // Changing `columns` makes the change's own copy of the
+            // table's list: only when the type must change.
+            if masked
+                && change
+                    .find_column(name)
+                    .is_some_and(|c| retyped(&c.type_name).is_some())
+                && let Some(column) = change.find_column_mut(name)
+                && let Some(text) = retyped(&column.type_name)
+            {
+                column.type_name = text.to_owned();
             }
         }
         Ok(change)
@@ -121,19 +129,24 @@ pub fn hash(salt: &str, bytes: &[u8]) -> String {
     let mut hasher = Sha256::new();
     hasher.update(salt.as_bytes());
     hasher.update(bytes);
-    hex::encode(hasher.finalize())
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut hex = String::with_capacity(64);
+    for byte in hasher.finalize() {
+        hex.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        hex.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
+    }
+    hex
 }
 
-/// Makes a masked column's type text-like.
-fn retype(type_name: &mut String) {
+/// The text type a masked column of `type_name` becomes; `None` when it
+/// already is text-like.
+fn retyped(type_name: &str) -> Option<&'static str> {
     const TEXT_LIKE: [&str; 5] = ["text", "varchar", "bpchar", "name", "citext"];
     let (base, array) = match type_name.strip_suffix("[]") {
         Some(base) => (base, true),
-        None => (type_name.as_str(), false),
+        None => (type_name, false),
     };
-    if !TEXT_LIKE.contains(&base) {
-        *type_name = if array { "text[]" } else { "text" }.to_owned();
-    }
+    (!TEXT_LIKE.contains(&base)).then_some(if array { "text[]" } else { "text" })
 }
 
 static SETTINGS: OnceLock<Settings> = OnceLock::new();
