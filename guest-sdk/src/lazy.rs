@@ -1,8 +1,10 @@
 //! A batch whose changes are decoded only when asked for.
 //!
-//! Owns splitting the batch's MessagePack into its transaction and one byte
-//! range per change, which the glue uses for every kind of transform (so a
-//! change that fails to decode is blamed by its index), and [`LazyBatch`],
+//! Owns walking a batch's MessagePack frame: reading its changes in one
+//! pass for a filter or a map (`each_change`: each change's index and byte
+//! range come with it, so one that fails to decode is blamed by its index,
+//! and one returned unchanged is answered by its index), and splitting it
+//! into its transaction and one byte range per change for [`LazyBatch`],
 //! which a `#[transform]` function may take instead of a [`Batch`] to pay
 //! only for the changes it reads: `identity` reads none.
 
@@ -21,82 +23,28 @@ pub(crate) struct Layout {
     pub(crate) changes: Vec<Range<usize>>,
 }
 
-impl Layout {
-    /// Splits an encoded batch. Unknown keys are skipped; `txn` and
-    /// `changes` must be there.
-    pub(crate) fn of(bytes: &[u8]) -> Result<Layout> {
-        let malformed = |e: crate::msgpack::Malformed| Error::new(format!("malformed batch: {e}"));
-        let mut reader = Reader::new(bytes);
-        let mut txn = None;
-        let mut changes = None;
-        for _ in 0..reader.map_len().map_err(malformed)? {
-            match reader.str_or_skip().map_err(malformed)? {
-                Some("txn") => txn = Some(reader.skip().map_err(malformed)?),
-                Some("changes") => {
-                    let len = reader.array_len().map_err(malformed)?;
-                    if u32::try_from(len).is_err() {
-                        return Err(Error::new("malformed batch: too many changes"));
-                    }
-                    let mut ranges = Vec::with_capacity(len.min(bytes.len()));
-                    for _ in 0..len {
-                        ranges.push(reader.skip().map_err(malformed)?);
-                    }
-                    changes = Some(ranges);
-                }
-                _ => {
-                    reader.skip().map_err(malformed)?;
-                }
-            }
-        }
-        if !reader.at_end() {
-            return Err(Error::new(format!(
-                "malformed batch: {} bytes after the batch",
-                bytes.len() - reader.position()
-            )));
-        }
-        Ok(Layout {
-            txn: txn.ok_or_else(|| Error::new("malformed batch: no `txn`"))?,
-            changes: changes.ok_or_else(|| Error::new("malformed batch: no `changes`"))?,
-        })
-    }
+fn malformed(e: crate::msgpack::Malformed) -> Error {
+    Error::new(format!("malformed batch: {e}"))
 }
 
-/// Reads a batch's changes in one pass, calling `f` with each one's index,
-/// its bytes' range and the change, in order: what a filter or a map needs,
-/// without splitting the batch first. The batch's frame is checked as
-/// [`Layout::of`] checks it (once every change has been read).
-pub(crate) fn each_change(
-    batch: &Shared,
-    mut f: impl FnMut(u32, Range<usize>, Change) -> Result<()>,
-) -> Result<()> {
-    let malformed = |e: crate::msgpack::Malformed| Error::new(format!("malformed batch: {e}"));
-    let bytes = batch.as_slice();
+/// Walks an encoded batch's frame: `each` reads change `index` where the
+/// reader is and leaves it past the change. Unknown keys are skipped;
+/// `txn` and `changes` must be there, once each. Returns where `txn` is.
+fn walk<'a>(
+    bytes: &'a [u8],
+    mut each: impl FnMut(&mut Reader<'a>, u32) -> Result<()>,
+) -> Result<Range<usize>> {
     let mut reader = Reader::new(bytes);
-    let (mut txn, mut changes) = (false, false);
-    let mut shapes = Shapes::default();
+    let (mut txn, mut changes) = (None, false);
     for _ in 0..reader.map_len().map_err(malformed)? {
         match reader.str_or_skip().map_err(malformed)? {
-            Some("txn") if !txn => {
-                reader.skip().map_err(malformed)?;
-                txn = true;
-            }
+            Some("txn") if txn.is_none() => txn = Some(reader.skip().map_err(malformed)?),
             Some("changes") if !changes => {
                 let len = reader.array_len().map_err(malformed)?;
                 let len = u32::try_from(len)
                     .map_err(|_| Error::new("malformed batch: too many changes"))?;
                 for index in 0..len {
-                    let start = reader.position();
-                    let change = match crate::read::change_from(&mut reader, batch, &mut shapes) {
-                        Some(change) => change,
-                        None => {
-                            // Not a shape the fast reader knows: `rmp-serde`
-                            // decides, on the change's own bytes.
-                            reader = Reader::at(bytes, start);
-                            let range = reader.skip().map_err(malformed)?;
-                            decode_change(batch, range, index as usize, &mut shapes)?
-                        }
-                    };
-                    f(index, start..reader.position(), change)?;
+                    each(&mut reader, index)?;
                 }
                 changes = true;
             }
@@ -115,10 +63,49 @@ pub(crate) fn each_change(
         )));
     }
     match (txn, changes) {
-        (false, _) => Err(Error::new("malformed batch: no `txn`")),
+        (None, _) => Err(Error::new("malformed batch: no `txn`")),
         (_, false) => Err(Error::new("malformed batch: no `changes`")),
-        _ => Ok(()),
+        (Some(txn), true) => Ok(txn),
     }
+}
+
+impl Layout {
+    /// Splits an encoded batch (see `walk`).
+    pub(crate) fn of(bytes: &[u8]) -> Result<Layout> {
+        let mut changes = Vec::new();
+        let txn = walk(bytes, |reader, _| {
+            changes.push(reader.skip().map_err(malformed)?);
+            Ok(())
+        })?;
+        Ok(Layout { txn, changes })
+    }
+}
+
+/// Reads a batch's changes in one pass, calling `f` with each one's index,
+/// its bytes' range and the change, in order: what a filter or a map needs,
+/// without splitting the batch first. The frame is checked as
+/// [`Layout::of`] checks it (once every change has been read).
+pub(crate) fn each_change(
+    batch: &Shared,
+    mut f: impl FnMut(u32, Range<usize>, Change) -> Result<()>,
+) -> Result<()> {
+    let bytes = batch.as_slice();
+    let mut shapes = Shapes::default();
+    walk(bytes, |reader, index| {
+        let start = reader.position();
+        let change = match crate::read::change_from(reader, batch, &mut shapes) {
+            Some(change) => change,
+            None => {
+                // Not a shape the fast reader knows: `rmp-serde` decides, on
+                // the change's own bytes.
+                *reader = Reader::at(bytes, start);
+                let range = reader.skip().map_err(malformed)?;
+                decode_change(batch, range, index as usize, &mut shapes)?
+            }
+        };
+        f(index, start..reader.position(), change)
+    })?;
+    Ok(())
 }
 
 /// Decodes change `index` from its bytes (`range` of the batch); an error
@@ -290,6 +277,18 @@ mod tests {
         let err = LazyBatch::from_msgpack(no_txn).unwrap_err();
         assert_eq!(err.message(), "malformed batch: no `txn`");
         assert!(LazyBatch::from_msgpack(vec![0x92]).is_err());
+        // A key twice is refused, not decided by its last value.
+        let mut twice = vec![0x83];
+        twice.extend_from_slice(&to_msgpack("txn").expect("encode"));
+        twice.extend_from_slice(&to_msgpack(&Txn::default()).expect("encode"));
+        for _ in 0..2 {
+            twice.extend_from_slice(&to_msgpack("changes").expect("encode"));
+            twice.push(0x90);
+        }
+        let err = LazyBatch::from_msgpack(twice.clone()).unwrap_err();
+        assert_eq!(err.message(), "malformed batch: `changes` twice");
+        let err = each_change(&Shared::new(twice), |_, _, _| Ok(())).unwrap_err();
+        assert_eq!(err.message(), "malformed batch: `changes` twice");
     }
 
     #[test]

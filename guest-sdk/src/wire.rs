@@ -152,6 +152,21 @@ pub enum Op {
     Schema,
 }
 
+impl Op {
+    /// The name the wire form and the sinks use: `insert`, `update`...
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Op::Insert => "insert",
+            Op::Update => "update",
+            Op::Delete => "delete",
+            Op::Truncate => "truncate",
+            Op::Snapshot => "snapshot",
+            Op::Message => "message",
+            Op::Schema => "schema",
+        }
+    }
+}
+
 /// A column of the changed table.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Column {

@@ -12,20 +12,7 @@
 use rmp::encode::{write_map_len, write_str};
 use rmp_serde::encode::{Error, write_named};
 
-use crate::wire::{Change, Op};
-
-/// The name `op` is written as.
-pub(crate) fn op_name(op: Op) -> &'static str {
-    match op {
-        Op::Insert => "insert",
-        Op::Update => "update",
-        Op::Delete => "delete",
-        Op::Truncate => "truncate",
-        Op::Snapshot => "snapshot",
-        Op::Message => "message",
-        Op::Schema => "schema",
-    }
-}
+use crate::wire::Change;
 
 /// Appends `change` to `out`.
 pub(crate) fn change(out: &mut Vec<u8>, change: &Change) -> Result<(), Error> {
@@ -41,7 +28,7 @@ pub(crate) fn change(out: &mut Vec<u8>, change: &Change) -> Result<(), Error> {
     let fields = 3 + present.iter().filter(|p| **p).count() as u32;
     write_map_len(out, fields)?;
     write_str(out, "op")?;
-    write_str(out, op_name(change.op))?;
+    write_str(out, change.op.as_str())?;
     write_str(out, "schema")?;
     write_str(out, &change.schema)?;
     write_str(out, "table")?;

@@ -696,15 +696,7 @@ fn op_name(change: ChangeRef<'_>) -> &'static str {
         ChangeRef::Source(Source::Schema { .. }) => Op::Schema,
         ChangeRef::Source(Source::Message { .. }) => Op::Message,
     };
-    match op {
-        Op::Insert => "insert",
-        Op::Update => "update",
-        Op::Delete => "delete",
-        Op::Truncate => "truncate",
-        Op::Snapshot => "snapshot",
-        Op::Message => "message",
-        Op::Schema => "schema",
-    }
+    op.as_str()
 }
 
 /// A message's body: the change in the file sink's JSON form (`txn` and
