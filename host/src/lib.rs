@@ -73,6 +73,9 @@ pub use source::{
 
 // The WebAssembly runtime.
 pub use transform::chain::ChainError;
+pub use transform::compiler::{
+    SUBCOMMAND as COMPILE_SUBCOMMAND, child_main as compile_child_main, compile_in_child_processes,
+};
 pub use transform::encode::{ChangeRef, Item, encode_input, to_wire};
 pub use transform::engine::EngineOptions;
 pub use transform::{Chain, Engine, Limits, Module, TransformError, Transformed, encode_config};

@@ -8,6 +8,19 @@ use clap::Parser;
 use datum::{Cli, Command, CommandOutcome, LogFormat};
 
 fn main() -> ExitCode {
+    // A child this binary started to compile a module (host/src/transform/
+    // compiler.rs): it reads the module and writes its compiled form.
+    let args: Vec<String> = std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    if args.get(1).map(String::as_str) == Some(datum::COMPILE_SUBCOMMAND) {
+        return datum::compile_child_main(args.get(2..).unwrap_or_default());
+    }
+    // Modules compile in such children: the compiler's code and memory stay
+    // out of this process.
+    if let Ok(executable) = std::env::current_exe() {
+        datum::compile_in_child_processes(executable);
+    }
     let cli = Cli::parse();
     logs(&cli);
     let outcome = datum::dispatch(cli.command);

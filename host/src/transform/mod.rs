@@ -3,7 +3,8 @@
 //!
 //! Owns one wasmtime engine per host (cranelift, pooling allocator, epoch
 //! interruption, optional fuel), compiling and pre-linking modules
-//! ([`engine`], `module`), the sandbox they run in (`sandbox`), the
+//! ([`engine`], `module`; in a child process of the `datum` binary:
+//! `compiler`), the sandbox they run in (`sandbox`), the
 //! encoding of batches and decoding of results ([`encode`]), and chains of
 //! modules ([`chain`]).
 //!
@@ -21,6 +22,7 @@
 //! nor where modules come from (configuration, hot swap).
 
 pub(crate) mod chain;
+pub(crate) mod compiler;
 pub(crate) mod encode;
 pub(crate) mod engine;
 pub(crate) mod module;

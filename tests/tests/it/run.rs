@@ -1006,6 +1006,81 @@ sink = {{ type = "file", path = "plain.jsonl" }}
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `VmRSS` of process `pid`, in bytes.
+fn resident(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmRSS")
+        * 1024
+}
+
+/// The host compiles a module in a child process of its own binary, so the
+/// compiler's code and memory never enter it: after a first start (which
+/// compiles) it is about as small as after a restart (which loads the
+/// compiled module from disk). Compiling in process, the first start was
+/// about 10 MiB larger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn modules_compile_in_a_child_process_and_the_host_stays_as_small_as_after_a_restart() {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    client
+        .batch_execute("CREATE TABLE t (id int PRIMARY KEY, email text)")
+        .await
+        .expect("schema");
+    let dir = temp_dir("compile-child");
+    let config = format!(
+        r#"
+state = "state.redb"
+
+[[pipeline]]
+name = "p"
+source = {{ url = {url}, tables = ["t"] }}
+snapshot.mode = "never"
+sink = {{ type = "file", path = "out.jsonl" }}
+transforms = [{{ module = {module}, config = {{ columns = ["email"], salt = "s" }} }}]
+"#,
+        url = toml_string(&pg.conninfo("postgres")),
+        module = toml_string(example_wasm_path("mask_pii").to_str().expect("utf-8")),
+    );
+    let mut sizes = Vec::new();
+    for id in 1..=2 {
+        let host = Host::start(&dir, &config);
+        wait_for_slots(&client, &["datum_p"], &host).await;
+        client
+            .execute("INSERT INTO t VALUES ($1, 'a@example.com')", &[&id])
+            .await
+            .expect("insert");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while lines(&dir.join("out.jsonl")).len() < id as usize {
+            assert!(
+                Instant::now() < deadline,
+                "nothing arrived:\n{}",
+                host.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        sizes.push(resident(host.pid()));
+        let (status, log) = host.stop(30);
+        assert!(status.success(), "{status:?}\n{log}");
+        assert_eq!(
+            log.contains("compiled a module in a child process"),
+            id == 1,
+            "start {id}:\n{log}"
+        );
+    }
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    assert!(
+        sizes[0] <= sizes[1] + (4 << 20),
+        "after the first start {:.1} MiB, after a restart {:.1} MiB",
+        mib(sizes[0]),
+        mib(sizes[1])
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A restart loads the modules it compiled before from `STATE.compiled/`
 /// instead of compiling them again; a kept file this host could not have
 /// written (writable by others) or that is damaged is ignored, and the
