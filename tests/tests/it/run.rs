@@ -1006,6 +1006,57 @@ sink = {{ type = "file", path = "plain.jsonl" }}
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Creates table `t` and returns a host configuration whose pipeline `p`
+/// streams it through `mask_pii` into `out.jsonl`.
+async fn masking_pipeline(pg: &datum_tests::Cluster, client: &tokio_postgres::Client) -> String {
+    client
+        .batch_execute("CREATE TABLE t (id int PRIMARY KEY, email text)")
+        .await
+        .expect("schema");
+    let config = format!(
+        r#"
+state = "state.redb"
+
+[[pipeline]]
+name = "p"
+source = {{ url = {url}, tables = ["t"] }}
+snapshot.mode = "never"
+sink = {{ type = "file", path = "out.jsonl" }}
+transforms = [{{ module = {module}, config = {{ columns = ["email"], salt = "s" }} }}]
+"#,
+        url = toml_string(&pg.conninfo("postgres")),
+        module = toml_string(example_wasm_path("mask_pii").to_str().expect("utf-8")),
+    );
+    config
+}
+
+/// Starts a host in `dir`, inserts row `id` into `t` and waits until the
+/// sink holds `id` lines.
+async fn start_and_deliver(
+    dir: &std::path::Path,
+    config: &str,
+    client: &tokio_postgres::Client,
+    id: i32,
+    note: &str,
+) -> Host {
+    let host = Host::start(dir, config);
+    wait_for_slots(client, &["datum_p"], &host).await;
+    client
+        .execute("INSERT INTO t VALUES ($1, 'a@example.com')", &[&id])
+        .await
+        .expect("insert");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while lines(&dir.join("out.jsonl")).len() < id as usize {
+        assert!(
+            Instant::now() < deadline,
+            "{note}: nothing arrived:\n{}",
+            host.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    host
+}
+
 /// `VmRSS` of process `pid`, in bytes.
 fn resident(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
@@ -1026,42 +1077,11 @@ fn resident(pid: u32) -> u64 {
 async fn modules_compile_in_a_child_process_and_the_host_stays_as_small_as_after_a_restart() {
     let pg = cluster();
     let client = connect(&pg.conninfo("postgres")).await;
-    client
-        .batch_execute("CREATE TABLE t (id int PRIMARY KEY, email text)")
-        .await
-        .expect("schema");
     let dir = temp_dir("compile-child");
-    let config = format!(
-        r#"
-state = "state.redb"
-
-[[pipeline]]
-name = "p"
-source = {{ url = {url}, tables = ["t"] }}
-snapshot.mode = "never"
-sink = {{ type = "file", path = "out.jsonl" }}
-transforms = [{{ module = {module}, config = {{ columns = ["email"], salt = "s" }} }}]
-"#,
-        url = toml_string(&pg.conninfo("postgres")),
-        module = toml_string(example_wasm_path("mask_pii").to_str().expect("utf-8")),
-    );
+    let config = masking_pipeline(&pg, &client).await;
     let mut sizes = Vec::new();
     for id in 1..=2 {
-        let host = Host::start(&dir, &config);
-        wait_for_slots(&client, &["datum_p"], &host).await;
-        client
-            .execute("INSERT INTO t VALUES ($1, 'a@example.com')", &[&id])
-            .await
-            .expect("insert");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while lines(&dir.join("out.jsonl")).len() < id as usize {
-            assert!(
-                Instant::now() < deadline,
-                "nothing arrived:\n{}",
-                host.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let host = start_and_deliver(&dir, &config, &client, id, "start").await;
         sizes.push(resident(host.pid()));
         let (status, log) = host.stop(30);
         assert!(status.success(), "{status:?}\n{log}");
@@ -1090,26 +1110,9 @@ async fn a_restart_loads_compiled_modules_kept_on_disk_and_ignores_untrusted_one
     use std::os::unix::fs::PermissionsExt;
     let pg = cluster();
     let client = connect(&pg.conninfo("postgres")).await;
-    client
-        .batch_execute("CREATE TABLE t (id int PRIMARY KEY, email text)")
-        .await
-        .expect("schema");
     let dir = temp_dir("compiled-cache");
     let module = example_wasm_path("mask_pii");
-    let config = format!(
-        r#"
-state = "state.redb"
-
-[[pipeline]]
-name = "p"
-source = {{ url = {url}, tables = ["t"] }}
-snapshot.mode = "never"
-sink = {{ type = "file", path = "out.jsonl" }}
-transforms = [{{ module = {module}, config = {{ columns = ["email"], salt = "s" }} }}]
-"#,
-        url = toml_string(&pg.conninfo("postgres")),
-        module = toml_string(module.to_str().expect("utf-8")),
-    );
+    let config = masking_pipeline(&pg, &client).await;
     let sha = {
         use sha2::Digest;
         let bytes = std::fs::read(&module).expect("module");
@@ -1130,22 +1133,8 @@ transforms = [{{ module = {module}, config = {{ columns = ["email"], salt = "s" 
     };
     let mut id = 0;
     let mut run = async |expect_loaded: bool, note: &str| {
-        let host = Host::start(&dir, &config);
-        wait_for_slots(&client, &["datum_p"], &host).await;
         id += 1;
-        client
-            .execute("INSERT INTO t VALUES ($1, 'a@example.com')", &[&id])
-            .await
-            .expect("insert");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while lines(&dir.join("out.jsonl")).len() < id as usize {
-            assert!(
-                Instant::now() < deadline,
-                "{note}: nothing arrived:\n{}",
-                host.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let host = start_and_deliver(&dir, &config, &client, id, note).await;
         let (status, log) = host.stop(30);
         assert!(status.success(), "{note}: {status:?}\n{log}");
         assert_eq!(
