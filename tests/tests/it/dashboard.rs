@@ -290,6 +290,15 @@ config = {{ tag = "v0" }}
             vec![json!(tagger)],
         )
         .await;
+    // Rows written while the canary still compiles are not compared: write
+    // them once it runs.
+    browser
+        .wait_for(
+            "the canary running on the page",
+            "return document.querySelector('[data-pipeline=\"p\"] .canary[data-state=\"running\"]') !== null",
+            30,
+        )
+        .await;
     for i in 10..20 {
         client
             .batch_execute(&format!("INSERT INTO t VALUES ({i}, 'x')"))
