@@ -98,6 +98,20 @@ impl Admin {
         .await
     }
 
+    /// Publishes `wasm` (the tagger) as a new version of pipeline `p`'s
+    /// module `tagger`, tagging with `tag`; the accepted version's body.
+    pub(crate) async fn publish_tagger(&self, wasm: &[u8], tag: &str) -> Json {
+        let (status, body) = self
+            .upload(
+                "/v1/pipelines/p/modules/tagger/versions",
+                wasm,
+                &format!("tag = \"{tag}\""),
+            )
+            .await;
+        assert_eq!(status, 201, "swap to {tag}: {body}");
+        body
+    }
+
     async fn upload_parts(&self, path: &str, parts: &[(&str, Option<&str>, &[u8])]) -> (u16, Json) {
         let (content_type, body) = multipart(parts);
         self.send(
@@ -264,14 +278,7 @@ async fn fifty_swaps_under_a_running_writer_lose_and_duplicate_nothing() {
     let mut swaps: Vec<(String, u64, u64)> = Vec::new(); // (tag, version, effective_after)
     for i in 1..=50 {
         let tag = format!("v{i}");
-        let (status, body) = admin
-            .upload(
-                "/v1/pipelines/p/modules/tagger/versions",
-                &wasm,
-                &format!("tag = \"{tag}\""),
-            )
-            .await;
-        assert_eq!(status, 201, "swap {i}: {body}");
+        let body = admin.publish_tagger(&wasm, &tag).await;
         let version = body["version"].as_u64().expect("version");
         let after = lsn(body["effective_after"].as_str().expect("effective_after"));
         assert_eq!(body["sha256"].as_str().map(str::len), Some(64), "{body}");
@@ -364,14 +371,7 @@ async fn swaps_during_a_copy_apply_each_version_from_its_place_in_the_stream() {
     for i in 1..=8 {
         tokio::time::sleep(Duration::from_millis(60)).await;
         let tag = format!("v{i}");
-        let (status, body) = admin
-            .upload(
-                "/v1/pipelines/p/modules/tagger/versions",
-                &wasm,
-                &format!("tag = \"{tag}\""),
-            )
-            .await;
-        assert_eq!(status, 201, "swap {i}: {body}");
+        let body = admin.publish_tagger(&wasm, &tag).await;
         swaps.push((
             tag,
             lsn(body["effective_after"].as_str().expect("effective_after")),
