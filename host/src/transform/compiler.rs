@@ -33,6 +33,11 @@ pub fn compile_in_child_processes(executable: PathBuf) {
     let _ = EXECUTABLE.set(executable);
 }
 
+/// Whether this process compiles modules in child processes.
+pub(crate) fn compiles_in_children() -> bool {
+    EXECUTABLE.get().is_some()
+}
+
 /// The child: `datum __compile-module FUEL MAX_STACK MAX_INSTANCES
 /// MAX_MEMORY`, the module on standard input, its compiled form on standard
 /// output; an error on standard error and exit code 1.
@@ -62,7 +67,7 @@ fn child(args: &[String]) -> Result<(), String> {
     std::io::stdin()
         .read_to_end(&mut wasm)
         .map_err(|e| format!("reading the module: {e}"))?;
-    let engine = Engine::new(options).map_err(|e| e.to_string())?;
+    let engine = Engine::build(options, true).map_err(|e| e.to_string())?;
     let compiled = engine
         .inner
         .precompile_module(&wasm)
@@ -173,4 +178,44 @@ fn run_child(
     // this engine's settings and version.
     unsafe { wasmtime::Module::deserialize(&engine.inner, &compiled) }
         .map_err(|e| TransformError::Invalid(format!("loading the compiled module: {e:#}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The host's engine has no compiler when children compile: what a
+    /// child's engine (same options, with a compiler) wrote must load into
+    /// it and run, with fuel metered or not.
+    #[test]
+    fn an_engine_without_a_compiler_runs_what_a_child_engine_compiled() {
+        let wasm = wat::parse_str(r#"(module (func (export "seven") (result i32) i32.const 7))"#)
+            .expect("test module");
+        for fuel in [false, true] {
+            let options = EngineOptions {
+                fuel,
+                ..EngineOptions::default()
+            };
+            let child = Engine::build(options, true).expect("child engine");
+            let host = Engine::build(options, false).expect("host engine");
+            assert!(
+                host.inner.precompile_module(&wasm).is_err(),
+                "the host's engine must not compile"
+            );
+            let compiled = child.inner.precompile_module(&wasm).expect("compiled");
+            // SAFETY: compiled just above by an engine of the same options.
+            let module = unsafe { wasmtime::Module::deserialize(&host.inner, &compiled) }
+                .expect("loads into the engine without a compiler");
+            let mut store = wasmtime::Store::new(&host.inner, ());
+            store.set_epoch_deadline(1_000);
+            if fuel {
+                store.set_fuel(1_000).expect("fuel");
+            }
+            let instance = wasmtime::Instance::new(&mut store, &module, &[]).expect("instantiates");
+            let seven = instance
+                .get_typed_func::<(), i32>(&mut store, "seven")
+                .expect("export");
+            assert_eq!(seven.call(&mut store, ()).expect("runs"), 7);
+        }
+    }
 }

@@ -78,8 +78,16 @@ impl Drop for Ticker {
 }
 
 impl Engine {
-    /// Creates the engine and starts its epoch ticker.
+    /// Creates the engine and starts its epoch ticker. Where modules
+    /// compile in child processes (the `datum` binary, `compiler.rs`) the
+    /// engine has no compiler of its own: it only loads what a child
+    /// compiled, and the compiler's code is never paged into the host.
     pub fn new(options: EngineOptions) -> Result<Engine, TransformError> {
+        Engine::build(options, !super::compiler::compiles_in_children())
+    }
+
+    /// [`Engine::new`], with or without a compiler.
+    pub(crate) fn build(options: EngineOptions, compiler: bool) -> Result<Engine, TransformError> {
         let mut pooling = wasmtime::PoolingAllocationConfig::new();
         pooling
             .total_core_instances(options.max_instances)
@@ -95,7 +103,9 @@ impl Engine {
             .consume_fuel(options.fuel)
             .max_wasm_stack(options.max_stack)
             .wasm_backtrace_max_frames(std::num::NonZeroUsize::new(20))
-            .allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pooling));
+            .allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pooling))
+            // Last: the compiler's settings above cannot be set without one.
+            .enable_compiler(compiler);
         let inner = wasmtime::Engine::new(&config)
             .map_err(|e| TransformError::Invalid(format!("creating the wasm engine: {e:#}")))?;
 
