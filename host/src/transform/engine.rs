@@ -83,11 +83,16 @@ impl Engine {
     /// engine has no compiler of its own: it only loads what a child
     /// compiled, and the compiler's code is never paged into the host.
     pub fn new(options: EngineOptions) -> Result<Engine, TransformError> {
-        Engine::build(options, !super::compiler::compiles_in_children())
+        let compiler = (!super::compiler::compiles_in_children()).then_some(None);
+        Engine::build(options, compiler)
     }
 
-    /// [`Engine::new`], with or without a compiler.
-    pub(crate) fn build(options: EngineOptions, compiler: bool) -> Result<Engine, TransformError> {
+    /// [`Engine::new`], with a compiler (given a store of compiled
+    /// functions to reuse, or not) or without one.
+    pub(crate) fn build(
+        options: EngineOptions,
+        compiler: Option<Option<Arc<dyn wasmtime::CacheStore>>>,
+    ) -> Result<Engine, TransformError> {
         let mut pooling = wasmtime::PoolingAllocationConfig::new();
         pooling
             .total_core_instances(options.max_instances)
@@ -105,7 +110,14 @@ impl Engine {
             .wasm_backtrace_max_frames(std::num::NonZeroUsize::new(20))
             .allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pooling))
             // Last: the compiler's settings above cannot be set without one.
-            .enable_compiler(compiler);
+            .enable_compiler(compiler.is_some());
+        if let Some(Some(functions)) = compiler {
+            config
+                .enable_incremental_compilation(functions)
+                .map_err(|e| {
+                    TransformError::Invalid(format!("reusing compiled functions: {e:#}"))
+                })?;
+        }
         let inner = wasmtime::Engine::new(&config)
             .map_err(|e| TransformError::Invalid(format!("creating the wasm engine: {e:#}")))?;
 
@@ -179,6 +191,20 @@ impl Engine {
         if kept.len() > COMPILED_KEPT {
             kept.remove(0);
         }
+    }
+
+    /// The file keeping the compiled functions of the last compilation of
+    /// modules named `name` (beside the compiled modules; `None` without
+    /// them): a new build of a module compiles only the functions that
+    /// changed (`compiler.rs`).
+    pub(crate) fn functions_file(&self, name: &str) -> Option<std::path::PathBuf> {
+        let disk = self.disk.as_ref()?;
+        let name = crate::digest::sha256_hex(name.as_bytes());
+        Some(disk.dir.join(format!(
+            "functions-{}-{}.bin",
+            name.get(..16).unwrap_or(&name),
+            disk.settings
+        )))
     }
 
     /// Whether this engine meters fuel.

@@ -133,7 +133,7 @@ impl Module {
         let module = match engine.compiled(&sha256) {
             Some(module) => module,
             None => {
-                let module = compile(engine, &binary, limits.compile_timeout)?;
+                let module = compile(engine, name, &binary, limits.compile_timeout)?;
                 engine.keep_compiled(&sha256, &module);
                 module
             }
@@ -311,10 +311,12 @@ fn check_compile_cost(wasm: &[u8], limits: &Limits) -> Result<(), TransformError
 /// before bound how long that takes).
 fn compile(
     engine: &Engine,
+    name: &str,
     wasm: &[u8],
     timeout: Duration,
 ) -> Result<wasmtime::Module, TransformError> {
-    if let Some(compiled) = super::compiler::compile(engine, wasm, timeout) {
+    let functions = engine.functions_file(name);
+    if let Some(compiled) = super::compiler::compile(engine, wasm, timeout, functions.as_deref()) {
         return compiled;
     }
     let (done, compiled) = std::sync::mpsc::sync_channel(1);

@@ -1101,6 +1101,64 @@ async fn modules_compile_in_a_child_process_and_the_host_stays_as_small_as_after
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The counts in the log line of a compilation in a child process:
+/// (functions reused, functions compiled).
+fn compiled_functions(log: &str) -> Option<(usize, usize)> {
+    let line = log
+        .lines()
+        .find(|l| l.contains("compiled a module in a child process"))?;
+    let counts = line.split("functions=\"").nth(1)?.split('"').next()?;
+    let mut numbers = counts
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|n| !n.is_empty())
+        .map(|n| n.parse::<usize>().ok());
+    Some((numbers.next()??, numbers.next()??))
+}
+
+/// A new build of a module compiles only the functions whose code
+/// changed: the child reuses the rest from the functions the last
+/// compilation of the same module kept (`STATE.compiled/functions-*`), and
+/// the new build transforms as the old one did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_build_of_a_module_compiles_only_the_functions_that_changed() {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    let dir = temp_dir("compile-reuse");
+    let original = std::fs::read(example_wasm_path("mask_pii")).expect("mask_pii.wasm");
+    let module = dir.join("mask.wasm");
+    std::fs::write(&module, &original).expect("module");
+    let config = masking_pipeline(&pg, &client).await.replace(
+        &toml_string(example_wasm_path("mask_pii").to_str().expect("utf-8")),
+        &toml_string(module.to_str().expect("utf-8")),
+    );
+    let mut counts = Vec::new();
+    for id in 1..=2 {
+        if id == 2 {
+            // A twentieth of the functions edited, as a rebuild makes them.
+            let edited = datum_tests::edited_build(&original, 3, 20).expect("editing the module");
+            std::fs::write(&module, edited).expect("new build");
+        }
+        let host = start_and_deliver(&dir, &config, &client, id, "start").await;
+        let (status, log) = host.stop(30);
+        assert!(status.success(), "{status:?}\n{log}");
+        counts.push(compiled_functions(&log).unwrap_or_else(|| panic!("start {id}:\n{log}")));
+    }
+    let [(reused_first, all), (reused, compiled)] = [counts[0], counts[1]];
+    assert_eq!(reused_first, 0, "nothing to reuse at the first compilation");
+    assert!(
+        reused > all / 2 && compiled < all / 4,
+        "the new build reused {reused} and compiled {compiled} of {all} functions"
+    );
+    // Both builds masked the same address the same way.
+    let out = lines(&dir.join("out.jsonl"));
+    let email = |line: &Json| line["new"]["email"].clone();
+    assert_eq!(out.len(), 2, "{out:?}");
+    assert!(email(&out[0]).is_string(), "{out:?}");
+    assert_ne!(email(&out[0]), Json::from("a@example.com"), "{out:?}");
+    assert_eq!(email(&out[0]), email(&out[1]), "{out:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A restart loads the modules it compiled before from `STATE.compiled/`
 /// instead of compiling them again; a kept file this host could not have
 /// written (writable by others) or that is damaged is ignored, and the

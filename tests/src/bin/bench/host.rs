@@ -449,17 +449,22 @@ fn children_cpu() -> f64 {
     secs(usage.user_time()) + secs(usage.system_time())
 }
 
-/// `module` with a custom section appended that makes its bytes (and its
-/// SHA-256) unique without changing what it does: a new build, as far as
-/// the host can tell, so every upload is compiled.
-pub fn distinct_build(module: &[u8], n: u64) -> Vec<u8> {
-    let name = b"datum-bench";
-    let mut payload = vec![name.len() as u8];
-    payload.extend_from_slice(name);
-    payload.extend_from_slice(&n.to_le_bytes());
-    let mut out = module.to_vec();
-    out.push(0); // custom section
-    out.push(payload.len() as u8); // < 128: one LEB128 byte
-    out.extend_from_slice(&payload);
-    out
+/// Removes the files of compiled functions a host keeps under `dir`, so
+/// that its next compilation reuses none.
+pub fn forget_compiled_functions(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            forget_compiled_functions(&path);
+        } else if entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with("functions-")
+        {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
 }

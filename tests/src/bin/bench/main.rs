@@ -544,7 +544,7 @@ impl Bench {
         );
         let mut hotswap = Table::new(
             format!(
-                "Hot swap: ten uploads of identity (each a new build) while {} changes in 100-row transactions drain",
+                "Hot swap: ten uploads of identity (each a new build with a twentieth of its functions edited) while {} changes in 100-row transactions drain",
                 grouped(n as f64)
             ),
             &["figure", "value", "baseline (same run)"],
@@ -966,7 +966,10 @@ impl Bench {
         table: &mut Table,
     ) {
         let module = std::fs::read(self.module("identity")).expect("reading identity.wasm");
-        let builds: Vec<Vec<u8>> = (0..10).map(|i| host::distinct_build(&module, i)).collect();
+        // Each build as an edit makes one: a twentieth of the functions new.
+        let edit =
+            |i: u64| datum_tests::edited_build(&module, i, 20).expect("editing identity.wasm");
+        let builds: Vec<Vec<u8>> = (0..10).map(edit).collect();
         let spacing = Duration::from_secs_f64(identity_secs / 12.0);
         let started = Instant::now();
         host.resume(pipeline).await;
@@ -991,8 +994,24 @@ impl Bench {
         // Then five more with nothing else running.
         let mut idle = Vec::new();
         for i in 10..15 {
-            let build = host::distinct_build(&module, i);
-            idle.push(host.upload(pipeline, "identity", build).await.as_secs_f64() * 1e3);
+            idle.push(
+                host.upload(pipeline, "identity", edit(i))
+                    .await
+                    .as_secs_f64()
+                    * 1e3,
+            );
+        }
+        // And three with no compiled functions to reuse: every function
+        // compiled, as for a module never uploaded before.
+        let mut scratch = Vec::new();
+        for i in 15..18 {
+            host::forget_compiled_functions(&host.dir);
+            scratch.push(
+                host.upload(pipeline, "identity", edit(i))
+                    .await
+                    .as_secs_f64()
+                    * 1e3,
+            );
         }
         if std::env::var_os("DATUM_BENCH_LOG").is_some() {
             for line in host.log().lines().filter(|l| l.contains("swap")) {
@@ -1031,6 +1050,12 @@ impl Bench {
         table.row(vec![
             "upload → activation, median of five more on the idle host".into(),
             format!("{:.0} ms", median(idle)),
+            "—".into(),
+        ]);
+        table.row(vec![
+            "upload → activation on the idle host, no compiled functions to reuse (median of three)"
+                .into(),
+            format!("{:.0} ms", median(scratch)),
             "—".into(),
         ]);
         table.row(vec![
