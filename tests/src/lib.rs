@@ -193,17 +193,7 @@ pub fn datum_bin() -> std::path::PathBuf {
 /// module this cannot parse (locals of types other than the numeric and
 /// reference ones Rust emits).
 pub fn edited_build(module: &[u8], n: u64, every: usize) -> Option<Vec<u8>> {
-    fn leb(mut v: u64, out: &mut Vec<u8>) {
-        loop {
-            let byte = (v & 0x7f) as u8;
-            v >>= 7;
-            if v == 0 {
-                out.push(byte);
-                return;
-            }
-            out.push(byte | 0x80);
-        }
-    }
+    let leb = leb128;
     fn read_leb(bytes: &[u8], at: &mut usize) -> Option<u64> {
         let mut v = 0u64;
         for shift in (0..64).step_by(7) {
@@ -225,9 +215,7 @@ pub fn edited_build(module: &[u8], n: u64, every: usize) -> Option<Vec<u8>> {
         let content = module.get(at..at + size)?;
         at += size;
         if id != 10 {
-            out.push(id);
-            leb(size as u64, &mut out);
-            out.extend_from_slice(content);
+            wasm_section(id, content, &mut out);
             continue;
         }
         let mut pos = 0;
@@ -260,11 +248,29 @@ pub fn edited_build(module: &[u8], n: u64, every: usize) -> Option<Vec<u8>> {
             leb(edited.len() as u64, &mut section);
             section.extend_from_slice(&edited);
         }
-        out.push(id);
-        leb(section.len() as u64, &mut out);
-        out.extend_from_slice(&section);
+        wasm_section(id, &section, &mut out);
     }
     Some(distinct_build(&out, n))
+}
+
+/// Appends `value` as unsigned LEB128, WebAssembly's integer encoding.
+pub fn leb128(mut value: u64, out: &mut Vec<u8>) {
+    loop {
+        let byte = (value & 0x7f) as u8;
+        value >>= 7;
+        if value == 0 {
+            out.push(byte);
+            return;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
+/// Appends a WebAssembly section: its id, its size and `body`.
+pub fn wasm_section(id: u8, body: &[u8], out: &mut Vec<u8>) {
+    out.push(id);
+    leb128(body.len() as u64, out);
+    out.extend_from_slice(body);
 }
 
 /// `module` with a custom section appended that makes its bytes (and its

@@ -550,13 +550,15 @@ async fn kill_9_during_a_copy_resumes_each_table_at_its_last_chunk() {
         }
         drop(host); // SIGKILL
     }
+    // Its deadlines end before the harness's (180 s), so a stall reports
+    // the host's log; alone the whole test takes about 14 s.
     let host = Host::start(&dir, &config);
-    wait_done(port, &host, &["public.t", "public.small"], 240).await;
+    wait_done(port, &host, &["public.t", "public.small"], 90).await;
     let _ = stop.send(true);
     writing.await.expect("writer");
     let inserted = inserting.await.expect("inserter");
     assert!(inserted > 100, "{inserted} rows inserted into small");
-    wait_equal(&src, &dst, "SELECT * FROM t ORDER BY id", &host, 180).await;
+    wait_equal(&src, &dst, "SELECT * FROM t ORDER BY id", &host, 45).await;
     wait_equal(&src, &dst, "SELECT * FROM small ORDER BY id", &host, 30).await;
     assert!(
         resumed_at.windows(2).all(|w| w[0] <= w[1]),

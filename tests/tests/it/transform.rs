@@ -9,6 +9,7 @@ use datum::{
     Batch, Chain, Change, Column, Engine, EngineOptions, Limits, Module, Relation, ReplicaIdentity,
 };
 use datum_guest::{Txn, Value};
+use datum_tests::{leb128, wasm_section as section};
 
 fn relation() -> Arc<Relation> {
     Arc::new(Relation {
@@ -499,24 +500,6 @@ fn a_bad_output_element_is_reported_with_its_cause() {
     let err = answered(&msgpack(serde_json::json!({"result": []})));
     assert_eq!(err.error.kind(), "invalid_output", "{err}");
     assert!(err.to_string().contains("neither"), "{err}");
-}
-
-fn leb128(mut value: u64, out: &mut Vec<u8>) {
-    loop {
-        let byte = (value & 0x7f) as u8;
-        value >>= 7;
-        if value == 0 {
-            out.push(byte);
-            return;
-        }
-        out.push(byte | 0x80);
-    }
-}
-
-fn section(id: u8, body: &[u8], out: &mut Vec<u8>) {
-    out.push(id);
-    leb128(body.len() as u64, out);
-    out.extend_from_slice(body);
 }
 
 /// A binary module of `functions` functions `() -> ()`, each declaring
