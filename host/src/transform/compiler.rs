@@ -136,7 +136,9 @@ fn run_child(
         .arg(options.max_stack.to_string())
         .arg(options.max_instances.to_string())
         .arg(options.max_memory.to_string());
-    if let Some(functions) = functions {
+    // The child reads its arguments as UTF-8: a path that is not is left
+    // out (every function is then compiled).
+    if let Some(functions) = functions.and_then(Path::to_str) {
         command.arg(functions);
     }
     let mut child = command
