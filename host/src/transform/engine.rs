@@ -1,4 +1,5 @@
-//! The host's one wasmtime engine: cranelift, the pooling allocator, epoch
+//! The host's one wasmtime engine: cranelift (none where modules compile in
+//! child processes, `compiler.rs`), the pooling allocator, epoch
 //! interruption driven by a ticker thread, and fuel metering when asked for.
 //!
 //! Owns engine-wide settings: whether fuel is metered (it costs speed, so it
