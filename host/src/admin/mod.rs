@@ -34,6 +34,7 @@ use crate::checkpoint::Store;
 use crate::config::AdminSpec;
 use crate::daemon::hotswap::{self, SwapError};
 use crate::daemon::{PipelineControl, PipelineState};
+use crate::digest::sha256;
 use crate::event::Lsn;
 use crate::transform::{Chain, Engine};
 
@@ -142,11 +143,6 @@ fn reply(status: StatusCode, body: &Json) -> Response {
 
 fn ok(body: Json) -> Result<Response, ApiError> {
     Ok(reply(StatusCode::OK, &body))
-}
-
-fn sha256(bytes: &[u8]) -> [u8; 32] {
-    use sha2::Digest;
-    sha2::Sha256::digest(bytes).into()
 }
 
 /// Why the admin API could not start.

@@ -26,7 +26,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use super::TransformError;
-use super::engine::{Engine, EngineOptions};
+use super::engine::{Compiler, Engine, EngineOptions, write_private, written_by_this_user};
+use crate::digest::sha256;
 
 /// The hidden subcommand the child runs as.
 pub const SUBCOMMAND: &str = "__compile-module";
@@ -87,7 +88,7 @@ fn child(args: &[String]) -> Result<(), String> {
     let store = functions
         .as_ref()
         .map(|(cache, _)| Arc::clone(cache) as Arc<dyn wasmtime::CacheStore>);
-    let engine = Engine::build(options, Some(store)).map_err(|e| e.to_string())?;
+    let engine = Engine::build(options, Compiler::Cranelift(store)).map_err(|e| e.to_string())?;
     let compiled = engine
         .inner
         .precompile_module(&wasm)
@@ -244,14 +245,9 @@ const MAX_FUNCTIONS_FILE: u64 = 256 << 20;
 
 impl FunctionCache {
     fn load(path: &Path) -> Option<FunctionCache> {
-        use std::os::unix::fs::{MetadataExt, PermissionsExt};
         let file = std::fs::File::open(path).ok()?;
         let meta = file.metadata().ok()?;
-        if !meta.is_file()
-            || meta.uid() != nix::unistd::geteuid().as_raw()
-            || meta.permissions().mode() & 0o022 != 0
-            || meta.len() > MAX_FUNCTIONS_FILE
-        {
+        if !written_by_this_user(&meta) || meta.len() > MAX_FUNCTIONS_FILE {
             return None;
         }
         let mut bytes = Vec::new();
@@ -295,7 +291,6 @@ impl FunctionCache {
     /// Writes the functions this compilation reused or made, and only
     /// those: the file holds one build's functions, whatever came before.
     fn save(&self, path: &Path) -> std::io::Result<()> {
-        use std::os::unix::fs::OpenOptionsExt;
         let reused = self.reused.lock().unwrap_or_else(|p| p.into_inner());
         let made = self.made.lock().unwrap_or_else(|p| p.into_inner());
         let mut body = Vec::new();
@@ -315,23 +310,8 @@ impl FunctionCache {
         out.extend_from_slice(&sha256(&body));
         out.extend_from_slice(&body);
         let temp = path.with_extension(format!("{}.tmp", std::process::id()));
-        let written = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&temp)
-            .and_then(|mut f| f.write_all(&out))
-            .and_then(|()| std::fs::rename(&temp, path));
-        if written.is_err() {
-            let _ = std::fs::remove_file(&temp);
-        }
-        written
+        write_private(path, &temp, &out, false)
     }
-}
-
-fn sha256(bytes: &[u8]) -> [u8; 32] {
-    use sha2::Digest;
-    sha2::Sha256::digest(bytes).into()
 }
 
 impl wasmtime::CacheStore for FunctionCache {
@@ -369,8 +349,8 @@ mod tests {
                 fuel,
                 ..EngineOptions::default()
             };
-            let child = Engine::build(options, Some(None)).expect("child engine");
-            let host = Engine::build(options, None).expect("host engine");
+            let child = Engine::build(options, Compiler::Cranelift(None)).expect("child engine");
+            let host = Engine::build(options, Compiler::None).expect("host engine");
             assert!(
                 host.inner.precompile_module(&wasm).is_err(),
                 "the host's engine must not compile"
@@ -415,10 +395,11 @@ mod tests {
     fn compile_reusing(path: &Path, wasm: &[u8], name: &str) -> ((usize, usize), i32) {
         let cache = Arc::new(FunctionCache::load(path).unwrap_or_default());
         let options = EngineOptions::default();
-        let child = Engine::build(options, Some(Some(cache.clone()))).expect("child engine");
+        let child =
+            Engine::build(options, Compiler::Cranelift(Some(cache.clone()))).expect("child engine");
         let compiled = child.inner.precompile_module(wasm).expect("compiled");
         cache.save(path).expect("saved");
-        let host = Engine::build(options, None).expect("host engine");
+        let host = Engine::build(options, Compiler::None).expect("host engine");
         // SAFETY: compiled just above by an engine of the same options.
         let module =
             unsafe { wasmtime::Module::deserialize(&host.inner, &compiled) }.expect("loads");

@@ -56,6 +56,15 @@ pub struct Engine {
     disk: Option<Arc<DiskCache>>,
 }
 
+/// Whether an engine compiles.
+pub(crate) enum Compiler {
+    /// It only loads modules compiled elsewhere (a child process).
+    None,
+    /// It compiles with cranelift, reusing the compiled functions in the
+    /// store when given one.
+    Cranelift(Option<Arc<dyn wasmtime::CacheStore>>),
+}
+
 /// Compiled modules an engine keeps for reuse.
 const COMPILED_KEPT: usize = 8;
 
@@ -84,15 +93,18 @@ impl Engine {
     /// engine has no compiler of its own: it only loads what a child
     /// compiled, and the compiler's code is never paged into the host.
     pub fn new(options: EngineOptions) -> Result<Engine, TransformError> {
-        let compiler = (!super::compiler::compiles_in_children()).then_some(None);
+        let compiler = if super::compiler::compiles_in_children() {
+            Compiler::None
+        } else {
+            Compiler::Cranelift(None)
+        };
         Engine::build(options, compiler)
     }
 
-    /// [`Engine::new`], with a compiler (given a store of compiled
-    /// functions to reuse, or not) or without one.
+    /// [`Engine::new`], with the compiler given.
     pub(crate) fn build(
         options: EngineOptions,
-        compiler: Option<Option<Arc<dyn wasmtime::CacheStore>>>,
+        compiler: Compiler,
     ) -> Result<Engine, TransformError> {
         let mut pooling = wasmtime::PoolingAllocationConfig::new();
         pooling
@@ -111,8 +123,8 @@ impl Engine {
             .wasm_backtrace_max_frames(std::num::NonZeroUsize::new(20))
             .allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pooling))
             // Last: the compiler's settings above cannot be set without one.
-            .enable_compiler(compiler.is_some());
-        if let Some(Some(functions)) = compiler {
+            .enable_compiler(!matches!(compiler, Compiler::None));
+        if let Compiler::Cranelift(Some(functions)) = compiler {
             config
                 .enable_incremental_compilation(functions)
                 .map_err(|e| {
@@ -260,16 +272,12 @@ impl DiskCache {
     /// The module compiled from bytes hashing to `sha256`, if a usable file
     /// holds it.
     fn load(&self, engine: &wasmtime::Engine, sha256: &str) -> Option<wasmtime::Module> {
-        use std::os::unix::fs::{MetadataExt, PermissionsExt};
         if !sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
             return None;
         }
         let path = self.path(sha256);
         let meta = std::fs::symlink_metadata(&path).ok()?;
-        if !meta.is_file()
-            || meta.uid() != nix::unistd::geteuid().as_raw()
-            || meta.permissions().mode() & 0o022 != 0
-        {
+        if !written_by_this_user(&meta) {
             tracing::warn!(file = %path.display(), "ignoring a compiled module this host did not write (owner or permissions); compiling again");
             // The directory is this user's: replace it with one of ours.
             let _ = std::fs::remove_file(&path);
@@ -294,8 +302,6 @@ impl DiskCache {
 
     /// Writes the compiled form of the module hashing to `sha256`.
     fn store(&self, sha256: &str, module: &wasmtime::Module) {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
         let path = self.path(sha256);
         if path.exists() {
             return;
@@ -312,18 +318,46 @@ impl DiskCache {
             self.settings,
             std::process::id()
         ));
-        let written = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&temp)
-            .and_then(|mut f| f.write_all(&bytes).and_then(|()| f.sync_all()))
-            .and_then(|()| std::fs::rename(&temp, &path));
-        if let Err(err) = written {
-            let _ = std::fs::remove_file(&temp);
+        if let Err(err) = write_private(&path, &temp, &bytes, true) {
             tracing::debug!(file = %path.display(), error = %err, "cannot keep a compiled module on disk");
         }
     }
+}
+
+/// Whether a file of native code may be used: a regular file (not a link)
+/// this user owns and no one else may write.
+pub(crate) fn written_by_this_user(meta: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    meta.is_file()
+        && meta.uid() == nix::unistd::geteuid().as_raw()
+        && meta.permissions().mode() & 0o022 == 0
+}
+
+/// Writes `bytes` to `path` through `temp`, a new file private to this user
+/// renamed into place, so a reader never sees half a file; synced first
+/// when `sync`. The temporary file is removed when anything fails.
+pub(crate) fn write_private(
+    path: &std::path::Path,
+    temp: &std::path::Path,
+    bytes: &[u8],
+    sync: bool,
+) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(temp)
+        .and_then(|mut f| {
+            f.write_all(bytes)?;
+            if sync { f.sync_all() } else { Ok(()) }
+        })
+        .and_then(|()| std::fs::rename(temp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(temp);
+    }
+    written
 }
 
 /// Returns the allocator's free memory to the system (glibc keeps what a
