@@ -777,7 +777,10 @@ async fn copy_table(
 /// checkpoint that carries them: the next chunk is read while the previous
 /// one travels the stream, the modules and the sink, but no further ahead,
 /// so live changes queue behind at most this many chunks.
-const CHUNKS_IN_FLIGHT: usize = 2;
+const CHUNKS_IN_FLIGHT: usize = 3;
+
+/// How long a table's description serves a copy before it is read again.
+const DESCRIBE_EVERY: Duration = Duration::from_secs(1);
 
 /// Chunk after chunk until a short one: low watermark, read, high
 /// watermark; up to `CHUNKS_IN_FLIGHT` chunks are read and not yet
@@ -792,7 +795,13 @@ async fn copy_chunks(
     progress: &mut SnapshotProgress,
 ) -> Result<(), SourceError> {
     let client = reader::connect(&source.conninfo).await?;
+    let statements = reader::ChunkStatements::prepare(&client).await?;
     let limit = policy.chunk_rows.max(1);
+    // The table as last described, and when: each chunk's read checks that
+    // its columns are unchanged, so it is described again only after a
+    // read found them changed, or now and then for its estimate (and a
+    // key that changed without its columns).
+    let mut described: Option<(reader::SnapshotTable, Instant)> = None;
     let mut last_log = Instant::now();
     // Where reading has got to (ahead of `progress` by the chunks in flight).
     let mut read = progress.clone();
@@ -817,14 +826,32 @@ async fn copy_chunks(
             continue;
         }
         if read.state != TableState::Done && in_flight.len() + placed_at.len() < CHUNKS_IN_FLIGHT {
-            let table = reader::describe(&client, &read.table).await?;
-            estimate = table.estimate;
-            snapshots.set_live(&read.table, |live| live.estimate = table.estimate);
-            let (id, low, high, placed) = snapshots.begin_chunk(&table);
-            match read_one(snapshots, &client, &table, id, (&low, &high), &read, limit).await {
+            let table = match described.take() {
+                Some((table, at)) if at.elapsed() < DESCRIBE_EVERY => (table, at),
+                _ => {
+                    let table = reader::describe(&client, &read.table).await?;
+                    estimate = table.estimate;
+                    snapshots.set_live(&read.table, |live| live.estimate = table.estimate);
+                    (table, Instant::now())
+                }
+            };
+            let (id, low, high, placed) = snapshots.begin_chunk(&table.0);
+            let reading = (&client, &statements);
+            match read_one(
+                snapshots,
+                reading,
+                &table.0,
+                id,
+                (&low, &high),
+                &read,
+                limit,
+            )
+            .await
+            {
                 Ok(Some(next)) => {
                     read = next.clone();
                     in_flight.push_back((id, placed, next));
+                    described = Some(table);
                 }
                 // The table changed while the chunk was read: its low
                 // watermark is left without a chunk, and the next round
@@ -878,16 +905,16 @@ async fn copy_chunks(
 /// high watermark is written: the chunk is read again).
 async fn read_one(
     snapshots: &Snapshots,
-    client: &tokio_postgres::Client,
+    (client, statements): (&tokio_postgres::Client, &reader::ChunkStatements),
     table: &SnapshotTable,
     id: u64,
     (low, high): (&str, &str),
     after: &SnapshotProgress,
     limit: usize,
 ) -> Result<Option<SnapshotProgress>, SourceError> {
-    reader::emit_watermark(client, low).await?;
+    statements.emit_watermark(client, low).await?;
     let rows = reader::read_chunk(client, table, after.cursor.as_deref(), limit).await?;
-    if !reader::unchanged(client, table).await? {
+    if !statements.unchanged(client, table).await? {
         // DDL since the table was described: read again, described anew.
         return Ok(None);
     }
@@ -915,7 +942,7 @@ async fn read_one(
             progress: next.clone(),
         },
     );
-    reader::emit_watermark(client, high).await?;
+    statements.emit_watermark(client, high).await?;
     Ok(Some(next))
 }
 
