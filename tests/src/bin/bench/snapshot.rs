@@ -10,6 +10,9 @@ use futures_util::StreamExt;
 use crate::host::{Host, PipelineDef, cpu_seconds, thread_cpu};
 use crate::{Bench, PUBLICATION, ROW, Table, Transport, grouped, median};
 
+/// Datum's `snapshot.chunk_size` when the bench does not set one.
+const DEFAULT_CHUNK_ROWS: usize = 10_000;
+
 /// Rows copied and how long it took.
 pub async fn run(bench: &mut Bench) -> Table {
     let rows: u64 = if bench.args.quick { 200_000 } else { 1_000_000 };
@@ -25,23 +28,29 @@ pub async fn run(bench: &mut Bench) -> Table {
         .await
         .expect("creating the snapshot table");
     let mut copy_times = Vec::new();
+    let mut chunked_times = Vec::new();
     let mut datum_times = Vec::new();
     let mut datum_cpu = Vec::new();
+    let chunk = bench.args.chunk_size.unwrap_or(DEFAULT_CHUNK_ROWS);
     for rep in 0..bench.args.reps {
         copy_times.push(copy_out(bench).await.as_secs_f64());
+        chunked_times.push(chunked_reads(bench, chunk).await.as_secs_f64());
         let (took, cpu) = backfill(bench, rep, rows).await;
         datum_times.push(took.as_secs_f64());
         datum_cpu.push(cpu);
     }
     let copy = median(copy_times);
+    let chunked = median(chunked_times);
     let datum = median(datum_times);
     let cpu = median(datum_cpu);
     let mut table = Table::new(
         format!(
             "Snapshot: {} rows (5 columns) copied by a backfill through identity into the file \
              sink, until checkpointed as done; baseline COPY (SELECT * FROM snap) TO STDOUT; \
-             medians of {}",
+             beside it the chunks' reads alone ({} rows each, keyset, no watermarks): what any \
+             copy in chunks asks of the server; medians of {}",
             grouped(rows as f64),
+            grouped(chunk as f64),
             bench.args.reps
         ),
         &["what", "seconds", "rows/s", "ratio", "host CPU s"],
@@ -51,6 +60,13 @@ pub async fn run(bench: &mut Bench) -> Table {
         format!("{copy:.2}"),
         grouped(rows as f64 / copy),
         "1.00×".into(),
+        "—".into(),
+    ]);
+    table.row(vec![
+        "the chunks' reads alone".into(),
+        format!("{chunked:.2}"),
+        grouped(rows as f64 / chunked),
+        format!("{:.2}×", copy / chunked),
         "—".into(),
     ]);
     table.row(vec![
@@ -77,6 +93,46 @@ async fn copy_out(bench: &Bench) -> Duration {
         bytes += chunk.expect("COPY data").len();
     }
     assert!(bytes > 0, "COPY returned nothing");
+    started.elapsed()
+}
+
+/// The table read as a copy in chunks reads it, every byte taken and
+/// nothing else done: `COPY (SELECT * ... WHERE id > last ORDER BY id
+/// LIMIT chunk) TO STDOUT` until a short chunk, each its own statement.
+async fn chunked_reads(bench: &Bench, chunk: usize) -> Duration {
+    let started = Instant::now();
+    let mut after: i64 = i64::MIN;
+    loop {
+        let stream = bench
+            .sql
+            .copy_out(&format!(
+                "COPY (SELECT * FROM snap WHERE id > {after} ORDER BY id LIMIT {chunk}) TO STDOUT"
+            ))
+            .await
+            .expect("COPY of a chunk");
+        let mut stream = std::pin::pin!(stream);
+        let mut rows = 0usize;
+        let mut last = None;
+        while let Some(data) = stream.next().await {
+            let data = data.expect("COPY data");
+            rows += data.iter().filter(|b| **b == b'\n').count();
+            last = Some(data);
+        }
+        let Some(last) = last else { break };
+        // The last row's first field, the key.
+        let line = last[..last.len().saturating_sub(1)]
+            .rsplit(|b| *b == b'\n')
+            .next()
+            .unwrap_or_default();
+        let key = line.split(|b| *b == b'\t').next().unwrap_or_default();
+        after = std::str::from_utf8(key)
+            .ok()
+            .and_then(|k| k.parse().ok())
+            .expect("the last row's key");
+        if rows < chunk {
+            break;
+        }
+    }
     started.elapsed()
 }
 
