@@ -776,8 +776,10 @@ async fn copy_table(
 /// Chunks of one table between the start of their reading and the
 /// checkpoint that carries them: the next chunk is read while the previous
 /// one travels the stream, the modules and the sink, but no further ahead,
-/// so live changes queue behind at most this many chunks.
-const CHUNKS_IN_FLIGHT: usize = 3;
+/// so live changes queue behind at most this many chunks. Three copied
+/// about an eighth faster here, but live changes of other tables during the
+/// copy looked slower in the same hour (docs/benchmarks.md).
+const CHUNKS_IN_FLIGHT: usize = 2;
 
 /// How long a table's description serves a copy before it is read again.
 const DESCRIBE_EVERY: Duration = Duration::from_secs(1);
