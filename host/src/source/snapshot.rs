@@ -440,14 +440,25 @@ impl ChunkStatements {
             .await
             .map_err(SourceError::Sql)?;
         let relation = &table.relation;
-        Ok(rows.len() == relation.columns.len()
-            && rows.iter().zip(&relation.columns).all(|(row, column)| {
-                row.get::<_, String>(0) == relation.schema
-                    && row.get::<_, String>(1) == relation.table
-                    && row.get::<_, String>(2) == column.name
-                    && row.get::<_, u32>(3) == column.type_oid
-                    && row.get::<_, i32>(4) == column.type_modifier
-            }))
+        if rows.len() != relation.columns.len() {
+            return Ok(false);
+        }
+        // A row of other types than the statement's is the server's error.
+        let same = |row: &tokio_postgres::Row, column: &Column| {
+            Ok::<_, tokio_postgres::Error>(
+                row.try_get::<_, &str>(0)? == relation.schema
+                    && row.try_get::<_, &str>(1)? == relation.table
+                    && row.try_get::<_, &str>(2)? == column.name
+                    && row.try_get::<_, u32>(3)? == column.type_oid
+                    && row.try_get::<_, i32>(4)? == column.type_modifier,
+            )
+        };
+        for (row, column) in rows.iter().zip(&relation.columns) {
+            if !same(row, column).map_err(SourceError::Sql)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 }
 
