@@ -28,7 +28,7 @@ use crate::pg::quote_literal;
 use crate::source::assembler::Assembler;
 use crate::source::shapes::Tracker;
 use crate::source::snapshot as reader;
-use crate::source::{SourceError, catalog, pgoutput};
+use crate::source::{RowColumns, SourceError, catalog, pgoutput};
 use crate::transform::encode::to_wire;
 
 /// Messages peeked at most: bounds the work the server does for one record.
@@ -171,7 +171,8 @@ pub(crate) async fn from_slot(
         )
         .await
         .map_err(SourceError::Sql)?
-        .map(|row| row.get(0));
+        .map(|row| row.col(0))
+        .transpose()?;
     match plugin.as_deref() {
         None => {
             return Err(RecordError::Slot(format!(
@@ -223,7 +224,7 @@ pub(crate) async fn from_slot(
     let mut shapes = Tracker::new(None);
     let mut batches = Vec::new();
     for row in &rows {
-        let data: &[u8] = row.get(0);
+        let data: &[u8] = row.col(0)?;
         let message = pgoutput::decode(data).map_err(SourceError::from)?;
         if let pgoutput::Message::Relation(relation) = &message {
             let missing = assembler.missing_types(relation);

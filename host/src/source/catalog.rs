@@ -11,8 +11,8 @@ use std::collections::HashMap;
 
 use tokio_postgres::Client;
 
-use super::SourceError;
 use super::assembler::ResolvedType;
+use super::{RowColumns, SourceError};
 use crate::event::{Lsn, TypeKind};
 use crate::pg::{self, ConnInfo};
 
@@ -50,17 +50,17 @@ pub(crate) async fn resolve_types(
         .map_err(SourceError::Sql)?;
     let mut raw: HashMap<u32, RawType> = HashMap::new();
     for row in rows {
-        let oid: u32 = row.get(0);
+        let oid: u32 = row.col(0)?;
         raw.insert(
             oid,
             RawType {
-                namespace: row.get(1),
-                name: row.get(2),
-                typtype: row.get(3),
-                base: row.get(4),
-                element: row.get(5),
-                category: row.get(6),
-                delimiter: row.get::<_, String>(7).bytes().next().unwrap_or(b','),
+                namespace: row.col(1)?,
+                name: row.col(2)?,
+                typtype: row.col(3)?,
+                base: row.col(4)?,
+                element: row.col(5)?,
+                category: row.col(6)?,
+                delimiter: row.col::<&str>(7)?.bytes().next().unwrap_or(b','),
             },
         );
     }
@@ -167,22 +167,24 @@ pub(crate) async fn slot_state(
         )
         .await
         .map_err(SourceError::Sql)?;
-    Ok(row.map(|row| {
-        let lsn = |i: usize| {
-            row.get::<_, Option<String>>(i)
-                .and_then(|text| text.parse::<Lsn>().ok())
-        };
-        SlotState {
-            plugin: row.get(0),
-            slot_type: row.get(1),
-            database: row.get(2),
-            active: row.get(3),
-            active_pid: row.get(4),
-            confirmed_flush: lsn(5),
-            restart_lsn: lsn(6),
-            wal_status: row.get(7),
-            retained_bytes: row.get(8),
-        }
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let lsn = |i: usize| -> Result<Option<Lsn>, SourceError> {
+        Ok(row
+            .col::<Option<&str>>(i)?
+            .and_then(|text| text.parse::<Lsn>().ok()))
+    };
+    Ok(Some(SlotState {
+        plugin: row.col(0)?,
+        slot_type: row.col(1)?,
+        database: row.col(2)?,
+        active: row.col(3)?,
+        active_pid: row.col(4)?,
+        confirmed_flush: lsn(5)?,
+        restart_lsn: lsn(6)?,
+        wal_status: row.col(7)?,
+        retained_bytes: row.col(8)?,
     }))
 }
 
@@ -192,5 +194,5 @@ pub(crate) async fn show(client: &Client, setting: &str) -> Result<String, Sourc
         .query_one("SELECT current_setting($1)", &[&setting])
         .await
         .map_err(SourceError::Sql)?;
-    Ok(row.get(0))
+    row.col(0)
 }

@@ -10,8 +10,8 @@ use std::fmt;
 
 use tokio_postgres::Client;
 
-use super::SourceError;
 use super::catalog::{self, SlotState};
+use super::{RowColumns, SourceError};
 use crate::pg::quote_ident;
 
 /// The oldest server Datum supports: `messages` in pgoutput needs 14.
@@ -204,7 +204,7 @@ pub(crate) async fn run_with_slot(
         .await
         .map_err(SourceError::Sql)?;
     let (user, can_replicate, encoding): (String, bool, String) =
-        (row.get(0), row.get(1), row.get(2));
+        (row.col(0)?, row.col(1)?, row.col(2)?);
     if can_replicate {
         report.pass(
             "replication privilege",
@@ -245,7 +245,7 @@ pub(crate) async fn run_with_slot(
             .query_one("SELECT current_database()::text", &[])
             .await
             .map_err(SourceError::Sql)?
-            .get(0);
+            .col(0)?;
         check_slot(slot, &database, slot_state, &mut report);
         check_capacity(client, slot_state, &mut report).await?;
     }
@@ -279,8 +279,8 @@ async fn check_table(
         );
         return Ok(None);
     };
-    let oid: u32 = row.get(0);
-    let kind = row.get::<_, String>(1).chars().next().unwrap_or('?');
+    let oid: u32 = row.col(0)?;
+    let kind = row.col::<&str>(1)?.chars().next().unwrap_or('?');
     if kind != 'r' && kind != 'p' {
         report.fail(
             &requirement,
@@ -307,10 +307,10 @@ async fn check_table(
             .await
             .map_err(SourceError::Sql)?
             .iter()
-            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
-            .collect()
+            .map(|r| Ok((r.col(0)?, r.col(1)?, r.col(2)?, r.col(3)?)))
+            .collect::<Result<_, SourceError>>()?
     } else {
-        vec![(format!("{schema}.{table}"), row.get(2), row.get(3), oid)]
+        vec![(format!("{schema}.{table}"), row.col(2)?, row.col(3)?, oid)]
     };
     let mut problems = Vec::new();
     for (leaf, identity, has_pk, _) in &leaves {
@@ -321,7 +321,7 @@ async fn check_table(
         }
     }
     if problems.is_empty() {
-        let identity = match row.get::<_, String>(2).as_str() {
+        let identity = match row.col::<&str>(2)? {
             "f" => "full",
             "i" => "index",
             _ if kind == 'p' => "of its partitions",
@@ -345,7 +345,7 @@ async fn check_table(
         );
     }
     let (readable, owned, owner, user): (bool, bool, String, String) =
-        (row.get(4), row.get(5), row.get(6), row.get(7));
+        (row.col(4)?, row.col(5)?, row.col(6)?, row.col(7)?);
     let quoted = format!("{}.{}", quote_ident(&schema), quote_ident(&table));
     if readable {
         report.pass(
@@ -403,8 +403,13 @@ async fn check_publication(
         }
         return Ok(());
     };
-    let (all, insert, update, delete, truncate): (bool, bool, bool, bool, bool) =
-        (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+    let (all, insert, update, delete, truncate): (bool, bool, bool, bool, bool) = (
+        row.col(0)?,
+        row.col(1)?,
+        row.col(2)?,
+        row.col(3)?,
+        row.col(4)?,
+    );
     let published: Vec<u32> = client
         .query(
             "SELECT c.oid FROM pg_publication_tables p
@@ -416,8 +421,8 @@ async fn check_publication(
         .await
         .map_err(SourceError::Sql)?
         .iter()
-        .map(|r| r.get(0))
-        .collect();
+        .map(|r| r.col(0))
+        .collect::<Result<_, _>>()?;
     let missing: Vec<&TableInfo> = tables
         .iter()
         .filter(|t| {
@@ -493,7 +498,8 @@ async fn check_can_create_publication(
         )
         .await
         .map_err(SourceError::Sql)?;
-    let (user, database, may_create): (String, String, bool) = (row.get(0), row.get(1), row.get(2));
+    let (user, database, may_create): (String, String, bool) =
+        (row.col(0)?, row.col(1)?, row.col(2)?);
     let create_sql = format!(
         "CREATE PUBLICATION {} FOR TABLE {}",
         quote_ident(publication),
@@ -611,7 +617,7 @@ async fn check_capacity(
         .await
         .map_err(SourceError::Sql)?;
     let (max_slots, slots, max_senders, senders): (i64, i64, i64, i64) =
-        (row.get(0), row.get(1), row.get(2), row.get(3));
+        (row.col(0)?, row.col(1)?, row.col(2)?, row.col(3)?);
     // A walsender still holding the pipeline's own slot (left by a crash)
     // is replaced, not added to.
     let senders = senders - i64::from(slot.is_some_and(|s| s.active));

@@ -15,7 +15,7 @@
 
 use tokio_postgres::Client;
 
-use super::SourceError;
+use super::{RowColumns, SourceError};
 
 /// The prefix of the logical messages that carry captured DDL.
 pub(crate) const DDL_PREFIX: &str = "datum.ddl";
@@ -68,7 +68,7 @@ pub(crate) async fn state(client: &Client) -> Result<Capture, SourceError> {
         )
         .await
         .map_err(SourceError::Sql)?;
-    let (installed, superuser): (bool, Option<bool>) = (row.get(0), row.get(1));
+    let (installed, superuser): (bool, Option<bool>) = (row.col(0)?, row.col(1)?);
     Ok(if installed {
         Capture::Installed
     } else if superuser == Some(true) {

@@ -185,6 +185,33 @@ impl SourceError {
     }
 }
 
+/// Reading a column of a query's row without trusting the server: a value
+/// of another type than the query asks for, or one not valid in it, is an
+/// error that says so, where `Row::get` would panic.
+pub(crate) trait RowColumns {
+    /// Column `idx` as `T`.
+    fn col<'a, T: tokio_postgres::types::FromSql<'a>>(
+        &'a self,
+        idx: usize,
+    ) -> Result<T, SourceError>;
+}
+
+impl RowColumns for tokio_postgres::Row {
+    fn col<'a, T: tokio_postgres::types::FromSql<'a>>(
+        &'a self,
+        idx: usize,
+    ) -> Result<T, SourceError> {
+        self.try_get(idx).map_err(|e| SourceError::Requirement {
+            problem: format!(
+                "the server answered a catalog query with a column Datum cannot read ({e})"
+            ),
+            fix: "connect to PostgreSQL itself, with a search_path that puts no schema of \
+                  your own ahead of pg_catalog"
+                .into(),
+        })
+    }
+}
+
 impl From<pg::ConnectError> for SourceError {
     fn from(err: pg::ConnectError) -> SourceError {
         match err {
@@ -456,7 +483,7 @@ async fn create_slot(
         .await
         .map_err(SourceError::Sql)?;
     tracing::info!(slot = %config.slot, "created replication slot");
-    let text: String = row.get(0);
+    let text: String = row.col(0)?;
     text.parse().map_err(|_| {
         SourceError::Protocol(format!("the new slot's position `{text}` is not an LSN"))
     })

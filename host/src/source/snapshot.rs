@@ -18,9 +18,9 @@ use datum_guest::Value;
 use futures_util::StreamExt;
 use tokio_postgres::{Client, SimpleQueryMessage, Statement};
 
-use super::SourceError;
 use super::catalog;
 use super::check::quoted_table;
+use super::{RowColumns, SourceError};
 use crate::event::values::{self, TypeKind};
 use crate::event::{Column, Relation, ReplicaIdentity};
 use crate::pg::{self, ConnInfo, quote_ident, quote_literal};
@@ -88,10 +88,9 @@ pub(crate) async fn publication_tables(
         )
         .await
         .map_err(SourceError::Sql)?;
-    Ok(rows
-        .iter()
-        .map(|r| format!("{}.{}", r.get::<_, String>(0), r.get::<_, String>(1)))
-        .collect())
+    rows.iter()
+        .map(|r| Ok(format!("{}.{}", r.col::<&str>(0)?, r.col::<&str>(1)?)))
+        .collect()
 }
 
 /// The `schema.table` a user's table name means (`orders`, `sales.orders`,
@@ -106,11 +105,7 @@ pub(crate) async fn resolve_table(client: &Client, name: &str) -> Result<String,
         .await
         .map_err(SourceError::Sql)?;
     match row {
-        Some(row) => Ok(format!(
-            "{}.{}",
-            row.get::<_, String>(0),
-            row.get::<_, String>(1)
-        )),
+        Some(row) => Ok(format!("{}.{}", row.col::<&str>(0)?, row.col::<&str>(1)?)),
         None => Err(SourceError::Requirement {
             problem: format!("table {name} does not exist"),
             fix: "name an existing table (schema.table)".into(),
@@ -138,11 +133,11 @@ pub(crate) async fn describe(client: &Client, name: &str) -> Result<SnapshotTabl
                 "re-create {name} and backfill it, or remove it from the pipeline's tables"
             ),
         })?;
-    let oid: u32 = row.get(0);
-    let replident: String = row.get(1);
-    let estimate: f64 = row.get(2);
-    let role: String = row.get(4);
-    if !row.get::<_, bool>(3) {
+    let oid: u32 = row.col(0)?;
+    let replident: String = row.col(1)?;
+    let estimate: f64 = row.col(2)?;
+    let role: String = row.col(4)?;
+    if !row.col::<bool>(3)? {
         return Err(unreadable(name, &role));
     }
     let columns = client
@@ -169,24 +164,44 @@ pub(crate) async fn describe(client: &Client, name: &str) -> Result<SnapshotTabl
         )
         .await
         .map_err(SourceError::Sql)?;
-    let attnums: Vec<i16> = columns.iter().map(|c| c.get(0)).collect();
+    let attnums = columns
+        .iter()
+        .map(|c| c.col::<i16>(0))
+        .collect::<Result<Vec<_>, _>>()?;
     let position = |attnum: i16| attnums.iter().position(|a| *a == attnum);
-    let index_columns = |row: &tokio_postgres::Row| -> Option<Vec<usize>> {
-        let keys: Vec<i16> = row.get::<_, Option<Vec<i16>>>(2)?;
-        keys.into_iter().map(position).collect()
-    };
+    // Each unique index: primary, replica identity, all NOT NULL, and its
+    // key's positions among the columns (None for an expression).
+    struct Unique {
+        primary: bool,
+        identity: bool,
+        not_null: bool,
+        columns: Option<Vec<usize>>,
+    }
+    let indexes = indexes
+        .iter()
+        .map(|i| {
+            Ok(Unique {
+                primary: i.col(0)?,
+                identity: i.col(1)?,
+                not_null: i.col::<Option<bool>>(3)? == Some(true),
+                columns: i
+                    .col::<Option<Vec<i16>>>(2)?
+                    .and_then(|keys| keys.into_iter().map(position).collect()),
+            })
+        })
+        .collect::<Result<Vec<_>, SourceError>>()?;
     let primary = indexes
         .iter()
-        .find(|i| i.get::<_, bool>(0))
-        .and_then(index_columns);
+        .find(|i| i.primary)
+        .and_then(|i| i.columns.clone());
     let identity_index = indexes
         .iter()
-        .find(|i| i.get::<_, bool>(1))
-        .and_then(index_columns);
+        .find(|i| i.identity)
+        .and_then(|i| i.columns.clone());
     let unique_not_null = indexes
         .iter()
-        .filter(|i| i.get::<_, Option<bool>>(3) == Some(true))
-        .filter_map(index_columns)
+        .filter(|i| i.not_null)
+        .filter_map(|i| i.columns.clone())
         .min_by_key(Vec::len);
     let gone = client
         .query_opt("SELECT 1 FROM pg_class WHERE oid = $1", &[&oid])
@@ -212,7 +227,10 @@ pub(crate) async fn describe(client: &Client, name: &str) -> Result<SnapshotTabl
             ),
         })?;
 
-    let type_oids: Vec<u32> = columns.iter().map(|c| c.get(2)).collect();
+    let type_oids = columns
+        .iter()
+        .map(|c| c.col::<u32>(2))
+        .collect::<Result<Vec<_>, _>>()?;
     let custom: Vec<u32> = type_oids
         .iter()
         .copied()
@@ -235,20 +253,20 @@ pub(crate) async fn describe(client: &Client, name: &str) -> Result<SnapshotTabl
     };
     let columns = columns
         .iter()
+        .zip(type_oids)
         .enumerate()
-        .map(|(i, c)| {
-            let type_oid: u32 = c.get(2);
+        .map(|(i, (c, type_oid))| {
             let (type_name, kind) = super::assembler::column_type(type_oid, &resolved, None);
-            Column {
-                name: c.get(1),
+            Ok(Column {
+                name: c.col(1)?,
                 type_oid,
                 type_name,
-                type_modifier: c.get(3),
+                type_modifier: c.col(3)?,
                 key: flagged.contains(&i),
                 kind,
-            }
+            })
         })
-        .collect();
+        .collect::<Result<_, SourceError>>()?;
     Ok(SnapshotTable {
         name: name.to_owned(),
         oid,
@@ -357,7 +375,12 @@ pub(crate) async fn read_chunk(
                     values.push(values::parse(&column.kind, text.as_bytes()));
                 }
                 Ok(None) => values.push(Value::Null),
-                Err(e) => return Err(SourceError::Sql(e)),
+                Err(e) => {
+                    return Err(SourceError::Protocol(format!(
+                        "the server sent a value of {}.{} Datum cannot read: {e}",
+                        table.name, column.name
+                    )));
+                }
             }
         }
         last = Some(row);
@@ -443,18 +466,13 @@ impl ChunkStatements {
         if rows.len() != relation.columns.len() {
             return Ok(false);
         }
-        // A row of other types than the statement's is the server's error.
-        let same = |row: &tokio_postgres::Row, column: &Column| {
-            Ok::<_, tokio_postgres::Error>(
-                row.try_get::<_, &str>(0)? == relation.schema
-                    && row.try_get::<_, &str>(1)? == relation.table
-                    && row.try_get::<_, &str>(2)? == column.name
-                    && row.try_get::<_, u32>(3)? == column.type_oid
-                    && row.try_get::<_, i32>(4)? == column.type_modifier,
-            )
-        };
         for (row, column) in rows.iter().zip(&relation.columns) {
-            if !same(row, column).map_err(SourceError::Sql)? {
+            let same = row.col::<&str>(0)? == relation.schema
+                && row.col::<&str>(1)? == relation.table
+                && row.col::<&str>(2)? == column.name
+                && row.col::<u32>(3)? == column.type_oid
+                && row.col::<i32>(4)? == column.type_modifier;
+            if !same {
                 return Ok(false);
             }
         }

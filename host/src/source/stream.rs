@@ -32,7 +32,7 @@ use super::catalog;
 use super::catchup::{self, Outcome};
 use super::pgoutput::{self, Message};
 use super::replication::{Connection, Frame};
-use super::{Positions, SourceConfig, SourceError};
+use super::{Positions, RowColumns, SourceConfig, SourceError};
 use crate::event::Batch;
 use crate::event::Lsn;
 use crate::pg::{quote_ident, quote_literal};
@@ -633,7 +633,7 @@ async fn status_interval(client: &tokio_postgres::Client) -> Result<Duration, So
         )
         .await
         .map_err(SourceError::Sql)?;
-    let timeout_ms: i64 = row.get(0);
+    let timeout_ms: i64 = row.col(0)?;
     Ok(interval_for(timeout_ms))
 }
 

@@ -705,6 +705,72 @@ async fn backfills_add_a_table_recopy_one_and_copy_from_a_key_on_a_running_pipel
     assert_eq!(b["rows"], 11, "ids 41..=51 only: {b}");
 }
 
+/// A server whose catalog answers with another column type than Datum's
+/// query asks for gets a clear error, and the host goes on. The catalog
+/// here is the source database's own: a view named `pg_attribute` ahead of
+/// `pg_catalog` in the database's `search_path`, its `attnum` an `int8`.
+/// Reading that answer used to panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catalog_column_of_another_type_fails_the_backfill_with_an_error_not_a_panic() {
+    let pg = cluster();
+    let (src, dst) = two_databases(&pg).await;
+    for db in [&src, &dst] {
+        db.batch_execute("CREATE TABLE a (id int PRIMARY KEY, v text)")
+            .await
+            .expect("schema");
+    }
+    src.batch_execute(
+        "INSERT INTO a SELECT g, 'a' || g FROM generate_series(1, 20) g;
+         CREATE SCHEMA shadow;
+         CREATE VIEW shadow.pg_attribute AS
+             SELECT attrelid, attnum::int8 AS attnum, attname, atttypid, atttypmod,
+                    attisdropped, attgenerated, attnotnull
+             FROM pg_catalog.pg_attribute",
+    )
+    .await
+    .expect("rows and the view");
+    let (host, port, _dir) = start(
+        &pg,
+        "snapshot-catalog-types",
+        &["public.a"],
+        "[pipeline.snapshot]\nmode = \"never\"\n",
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while status(port).await.map(|s| s["state"] == "running") != Some(true) {
+        assert!(Instant::now() < deadline, "not running\n{}", host.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // New sessions of the source database now read the view.
+    src.batch_execute("ALTER DATABASE src SET search_path = shadow, pg_catalog, public")
+        .await
+        .expect("search_path");
+    let (code, body) = post_backfill(port, serde_json::json!({"tables": ["a"]})).await;
+    assert_eq!(code, 400, "{body}\n{}", host.log());
+    assert!(
+        body.to_string().contains("cannot read"),
+        "the error says what the server sent: {body}"
+    );
+    assert!(
+        !host.log().contains("panicked"),
+        "no panic:\n{}",
+        host.log()
+    );
+
+    // The pipeline goes on streaming, and once the catalog reads as it
+    // should, the same backfill copies the table.
+    src.batch_execute("INSERT INTO a VALUES (21, 'live')")
+        .await
+        .expect("insert");
+    wait_equal(&src, &dst, "SELECT * FROM a WHERE id = 21", &host, 30).await;
+    src.batch_execute("ALTER DATABASE src RESET search_path")
+        .await
+        .expect("reset");
+    let (code, body) = post_backfill(port, serde_json::json!({"tables": ["a"]})).await;
+    assert_eq!(code, 202, "{body}");
+    wait_done(port, &host, &["public.a"], 60).await;
+    wait_equal(&src, &dst, "SELECT * FROM a ORDER BY id", &host, 30).await;
+}
+
 /// One table never stalls the others: of three tables (1,000, 100,000 and
 /// 3,000,000 rows), the two small ones are done and their live changes
 /// reach the sink, within a second or two of their commit, while the large

@@ -38,8 +38,8 @@ async fn read_target(
     let oid: Option<u32> = client
         .query_one("SELECT to_regclass($1::text)::oid", &[&target.sql()])
         .await
-        .map_err(|e| failure(e, reading, Some(target)))?
-        .get(0);
+        .map_err(|e| failure(e, reading, Some(target)))
+        .and_then(|row| column(&row, 0, target))?;
     let Some(oid) = oid else {
         return Ok(None);
     };
@@ -52,24 +52,38 @@ async fn read_target(
         )
         .await
         .map_err(|e| failure(e, reading, Some(target)))?;
-    Ok(Some(
-        rows.iter()
-            .map(|row| {
-                let type_oid: u32 = row.get(1);
-                let typmod: i32 = row.get(2);
-                // Built-in types have the same OIDs everywhere: named as the
-                // source names them, with their modifier in the same form.
-                let sql_type = match crate::event::values::builtin_name(type_oid) {
-                    Some(name) => crate::event::batch::sql_type(name, typmod),
-                    None => row.get(3),
-                };
-                TargetColumn {
-                    name: row.get(0),
-                    sql_type,
-                }
+    rows.iter()
+        .map(|row| {
+            let type_oid: u32 = column(row, 1, target)?;
+            let typmod: i32 = column(row, 2, target)?;
+            // Built-in types have the same OIDs everywhere: named as the
+            // source names them, with their modifier in the same form.
+            let sql_type = match crate::event::values::builtin_name(type_oid) {
+                Some(name) => crate::event::batch::sql_type(name, typmod),
+                None => column(row, 3, target)?,
+            };
+            Ok(TargetColumn {
+                name: column(row, 0, target)?,
+                sql_type,
             })
-            .collect(),
-    ))
+        })
+        .collect::<Result<_, Failure>>()
+        .map(Some)
+}
+
+/// Column `idx` of the target's answer about `target`'s columns: a value of
+/// another type than the query asks for is the target's error, not a panic.
+fn column<'a, T: tokio_postgres::types::FromSql<'a>>(
+    row: &'a tokio_postgres::Row,
+    idx: usize,
+    target: &Target,
+) -> Result<T, Failure> {
+    row.try_get(idx).map_err(|e| {
+        Failure::from(SinkError::definite(format!(
+            "reading the columns of {target}: the target database answered with a column \
+             {idx} Datum cannot read: {e}"
+        )))
+    })
 }
 
 /// A statement the target needs, and whether `apply` may run it.
