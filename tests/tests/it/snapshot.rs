@@ -88,6 +88,15 @@ pub(crate) async fn status(port: u16) -> Option<Json> {
     serde_json::from_str(&response.text().await.ok()?).ok()
 }
 
+/// Waits up to 30 s for pipeline `p` to be running.
+async fn wait_running(port: u16, host: &Host) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while status(port).await.map(|s| s["state"] == "running") != Some(true) {
+        assert!(Instant::now() < deadline, "not running\n{}", host.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Each table's snapshot entry in the status of pipeline `p`.
 async fn snapshots(port: u16) -> Vec<Json> {
     status(port)
@@ -625,11 +634,7 @@ async fn backfills_add_a_table_recopy_one_and_copy_from_a_key_on_a_running_pipel
         &["public.a"],
         "[pipeline.snapshot]\nmode = \"never\"\nchunk_size = 7\n",
     );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while status(port).await.map(|s| s["state"] == "running") != Some(true) {
-        assert!(Instant::now() < deadline, "not running\n{}", host.log());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_running(port, &host).await;
     // mode = "never": nothing copied, changes only.
     src.batch_execute("UPDATE a SET v = 'live' WHERE id = 1")
         .await
@@ -735,11 +740,7 @@ async fn a_catalog_column_of_another_type_fails_the_backfill_with_an_error_not_a
         &["public.a"],
         "[pipeline.snapshot]\nmode = \"never\"\n",
     );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while status(port).await.map(|s| s["state"] == "running") != Some(true) {
-        assert!(Instant::now() < deadline, "not running\n{}", host.log());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_running(port, &host).await;
     // New sessions of the source database now read the view.
     src.batch_execute("ALTER DATABASE src SET search_path = shadow, pg_catalog, public")
         .await
