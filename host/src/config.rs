@@ -392,7 +392,7 @@ pub struct SnapshotSpec {
 }
 
 /// Rows per snapshot chunk unless `chunk_size` says otherwise.
-pub(crate) const DEFAULT_CHUNK_ROWS: usize = 10_000;
+pub const DEFAULT_CHUNK_ROWS: usize = 10_000;
 /// Tables copied at once unless `parallel_tables` says otherwise.
 pub(crate) const DEFAULT_PARALLEL_TABLES: usize = 2;
 

@@ -60,7 +60,7 @@ pub use console::{LogWriter, closed as stdout_closed};
 
 // Storage and configuration.
 pub use checkpoint::Store;
-pub use config::{Config, OnError};
+pub use config::{Config, DEFAULT_CHUNK_ROWS, OnError};
 
 // The replication source.
 pub use source::catchup::CatchUp;

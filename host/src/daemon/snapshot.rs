@@ -796,8 +796,7 @@ async fn copy_chunks(
     policy: SnapshotPolicy,
     progress: &mut SnapshotProgress,
 ) -> Result<(), SourceError> {
-    let client = reader::connect(&source.conninfo).await?;
-    let statements = reader::ChunkStatements::prepare(&client).await?;
+    let connection = reader::CopyConnection::open(&source.conninfo).await?;
     let limit = policy.chunk_rows.max(1);
     // The table as last described, and when: each chunk's read checks that
     // its columns are unchanged, so it is described again only after a
@@ -828,21 +827,20 @@ async fn copy_chunks(
             continue;
         }
         if read.state != TableState::Done && in_flight.len() + placed_at.len() < CHUNKS_IN_FLIGHT {
-            let table = match described.take() {
+            let (table, at) = match described.take() {
                 Some((table, at)) if at.elapsed() < DESCRIBE_EVERY => (table, at),
                 _ => {
-                    let table = reader::describe(&client, &read.table).await?;
+                    let table = reader::describe(connection.client(), &read.table).await?;
                     estimate = table.estimate;
                     snapshots.set_live(&read.table, |live| live.estimate = table.estimate);
                     (table, Instant::now())
                 }
             };
-            let (id, low, high, placed) = snapshots.begin_chunk(&table.0);
-            let reading = (&client, &statements);
+            let (id, low, high, placed) = snapshots.begin_chunk(&table);
             match read_one(
                 snapshots,
-                reading,
-                &table.0,
+                &connection,
+                &table,
                 id,
                 (&low, &high),
                 &read,
@@ -853,7 +851,7 @@ async fn copy_chunks(
                 Ok(Some(next)) => {
                     read = next.clone();
                     in_flight.push_back((id, placed, next));
-                    described = Some(table);
+                    described = Some((table, at));
                 }
                 // The table changed while the chunk was read: its low
                 // watermark is left without a chunk, and the next round
@@ -907,16 +905,17 @@ async fn copy_chunks(
 /// high watermark is written: the chunk is read again).
 async fn read_one(
     snapshots: &Snapshots,
-    (client, statements): (&tokio_postgres::Client, &reader::ChunkStatements),
+    connection: &reader::CopyConnection,
     table: &SnapshotTable,
     id: u64,
     (low, high): (&str, &str),
     after: &SnapshotProgress,
     limit: usize,
 ) -> Result<Option<SnapshotProgress>, SourceError> {
-    statements.emit_watermark(client, low).await?;
-    let rows = reader::read_chunk(client, table, after.cursor.as_deref(), limit).await?;
-    if !statements.unchanged(client, table).await? {
+    connection.emit_watermark(low).await?;
+    let rows =
+        reader::read_chunk(connection.client(), table, after.cursor.as_deref(), limit).await?;
+    if !connection.unchanged(table).await? {
         // DDL since the table was described: read again, described anew.
         return Ok(None);
     }
@@ -944,7 +943,7 @@ async fn read_one(
             progress: next.clone(),
         },
     );
-    statements.emit_watermark(client, high).await?;
+    connection.emit_watermark(high).await?;
     Ok(Some(next))
 }
 

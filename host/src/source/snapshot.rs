@@ -404,16 +404,19 @@ pub(crate) async fn read_chunk(
 /// Rows a chunk's vector is made for at once (a larger chunk grows it).
 const ROWS_RESERVED: usize = 16_384;
 
-/// The statements a copy runs for every chunk, prepared once on its
-/// connection: each then takes one round trip instead of two.
-pub(crate) struct ChunkStatements {
+/// A copy's connection, with the statements it runs for every chunk
+/// prepared once: each then takes one round trip instead of two.
+pub(crate) struct CopyConnection {
+    client: Client,
     watermark: Statement,
     columns: Statement,
 }
 
-impl ChunkStatements {
-    pub(crate) async fn prepare(client: &Client) -> Result<ChunkStatements, SourceError> {
-        Ok(ChunkStatements {
+impl CopyConnection {
+    /// Opens it as [`connect`] does and prepares its statements.
+    pub(crate) async fn open(info: &ConnInfo) -> Result<CopyConnection, SourceError> {
+        let client = connect(info).await?;
+        Ok(CopyConnection {
             watermark: client
                 .prepare("SELECT pg_logical_emit_message(true, $1::text, $2::text)")
                 .await
@@ -430,18 +433,20 @@ impl ChunkStatements {
                 )
                 .await
                 .map_err(SourceError::Sql)?,
+            client,
         })
+    }
+
+    /// The connection, for the statements that are not prepared.
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
     }
 
     /// Writes a watermark: a transactional logical message of its own
     /// transaction, so that it is decoded at its commit's place in the
     /// stream.
-    pub(crate) async fn emit_watermark(
-        &self,
-        client: &Client,
-        content: &str,
-    ) -> Result<(), SourceError> {
-        client
+    pub(crate) async fn emit_watermark(&self, content: &str) -> Result<(), SourceError> {
+        self.client
             .execute(&self.watermark, &[&WATERMARK_PREFIX, &content])
             .await
             .map_err(SourceError::Sql)?;
@@ -453,12 +458,9 @@ impl ChunkStatements {
     /// that DDL made stale in the meantime must be read again: its rows
     /// would otherwise follow rows of the new shape in the stream
     /// (`docs/schema.md`).
-    pub(crate) async fn unchanged(
-        &self,
-        client: &Client,
-        table: &SnapshotTable,
-    ) -> Result<bool, SourceError> {
-        let rows = client
+    pub(crate) async fn unchanged(&self, table: &SnapshotTable) -> Result<bool, SourceError> {
+        let rows = self
+            .client
             .query(&self.columns, &[&table.oid])
             .await
             .map_err(SourceError::Sql)?;

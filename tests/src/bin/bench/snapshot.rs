@@ -10,9 +10,6 @@ use futures_util::StreamExt;
 use crate::host::{Host, PipelineDef, cpu_seconds, thread_cpu};
 use crate::{Bench, PUBLICATION, ROW, Table, Transport, grouped, median};
 
-/// Datum's `snapshot.chunk_size` when the bench does not set one.
-const DEFAULT_CHUNK_ROWS: usize = 10_000;
-
 /// Rows copied and how long it took.
 pub async fn run(bench: &mut Bench) -> Table {
     let rows: u64 = if bench.args.quick { 200_000 } else { 1_000_000 };
@@ -31,7 +28,7 @@ pub async fn run(bench: &mut Bench) -> Table {
     let mut chunked_times = Vec::new();
     let mut datum_times = Vec::new();
     let mut datum_cpu = Vec::new();
-    let chunk = bench.args.chunk_size.unwrap_or(DEFAULT_CHUNK_ROWS);
+    let chunk = bench.args.chunk_size.unwrap_or(datum::DEFAULT_CHUNK_ROWS);
     for rep in 0..bench.args.reps {
         copy_times.push(copy_out(bench).await.as_secs_f64());
         chunked_times.push(chunked_reads(bench, chunk).await.as_secs_f64());
