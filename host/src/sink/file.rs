@@ -33,6 +33,8 @@ struct State {
     file: File,
     size: u64,
     rotate_at: Option<u64>,
+    /// A write failed and its bytes may not all have been cut off yet.
+    torn: bool,
 }
 
 fn io_error(path: &Path, what: &str) -> impl FnOnce(std::io::Error) -> SinkError {
@@ -71,6 +73,7 @@ impl FileSink {
                 file,
                 size,
                 rotate_at,
+                torn: false,
             })),
             columns: Columns::Key,
             buffer: Vec::new(),
@@ -141,19 +144,48 @@ impl State {
     }
 
     fn append(&mut self, bytes: &[u8]) -> Result<(), SinkError> {
+        self.cut_back()?;
         if self
             .rotate_at
             .is_some_and(|limit| self.size >= limit && self.size > 0)
         {
             self.rotate()?;
         }
-        self.file
+        let written = self
+            .file
             .write_all(bytes)
-            .map_err(io_error(&self.path, "writing"))?;
-        self.file
-            .sync_data()
-            .map_err(io_error(&self.path, "syncing"))?;
-        self.size += bytes.len() as u64;
+            .map_err(io_error(&self.path, "writing"))
+            .and_then(|()| {
+                self.file
+                    .sync_data()
+                    .map_err(io_error(&self.path, "syncing"))
+            });
+        match written {
+            Ok(()) => {
+                self.size += bytes.len() as u64;
+                Ok(())
+            }
+            Err(err) => {
+                // Part of the group may have reached the file (a full disk
+                // takes what fits): cut it off, or the group written again
+                // would follow a torn line.
+                self.torn = true;
+                let _ = self.cut_back();
+                Err(err)
+            }
+        }
+    }
+
+    /// Cuts the file back to its last whole, synced line after a failed
+    /// write; a cut that fails now is tried again before the next write,
+    /// which fails meanwhile rather than append after torn bytes.
+    fn cut_back(&mut self) -> Result<(), SinkError> {
+        if self.torn {
+            self.file
+                .set_len(self.size)
+                .map_err(io_error(&self.path, "cutting a failed write off"))?;
+            self.torn = false;
+        }
         Ok(())
     }
 }

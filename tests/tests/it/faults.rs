@@ -1,6 +1,6 @@
 //! Faults a host meets in production, met as users meet them: the real
 //! `datum run` binary against a real server — a source that is down when the
-//! host starts, a full disk under the state file, a shutdown that cannot
+//! host starts, a full disk under the state file or the file sink, a shutdown that cannot
 //! finish in time, a state file that does not know its slot, a batch the
 //! sink refuses.
 
@@ -20,6 +20,11 @@ const TOKEN: &str = "faults-admin-token-0123456789abcdef";
 /// its state in `state`, the admin API on `port`; `extra` is added to the
 /// pipeline's table.
 fn config(url: &str, dir: &Path, state: &Path, port: u16, extra: &str) -> String {
+    config_with_sink(url, &dir.join("out.jsonl"), state, port, extra)
+}
+
+/// [`config`], with the file sink writing to `out`.
+fn config_with_sink(url: &str, out: &Path, state: &Path, port: u16, extra: &str) -> String {
     format!(
         r#"
 state = {state}
@@ -41,7 +46,7 @@ snapshot.mode = "never"
 "#,
         state = toml_string(state.to_str().expect("utf-8")),
         url = toml_string(url),
-        out = toml_string(dir.join("out.jsonl").to_str().expect("utf-8")),
+        out = toml_string(out.to_str().expect("utf-8")),
     )
 }
 
@@ -369,6 +374,82 @@ async fn a_full_disk_under_the_state_file_recovers_once_space_is_freed() {
     let checkpoint = store.offset("p").expect("read").expect("an offset");
     assert!(checkpoint.end_lsn >= after, "{checkpoint:?} < {after}");
     drop(f.pg);
+}
+
+/// Regression: a file sink on a full disk kept the part of a batch that
+/// fitted, and wrote the whole batch again after it once space was freed,
+/// so the file held a torn line in its middle that no reader could parse.
+/// A failed write is now cut back to the last whole line: while the disk is
+/// full the file ends with a complete line, and afterwards every row is
+/// there exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_under_the_file_sink_leaves_no_torn_line() {
+    let dir = temp_dir("full-sink-disk");
+    let Some(disk) = SmallDisk::mount(dir.join("disk"), "16m") else {
+        return;
+    };
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    client
+        .batch_execute("CREATE TABLE t (id int PRIMARY KEY, pad text)")
+        .await
+        .expect("schema");
+    let out = disk.path.join("out.jsonl");
+    let mut host = Host::start(
+        &dir,
+        &config_with_sink(
+            &pg.conninfo("postgres"),
+            &out,
+            &dir.join("state.redb"),
+            free_port(),
+            "",
+        ),
+    );
+    wait_for_slots(&client, &["datum_p"], &host).await;
+    client
+        .batch_execute("INSERT INTO t VALUES (1, 'first')")
+        .await
+        .expect("insert");
+    wait_for_line(&out, &host, |l| l["new"]["id"] == 1);
+
+    disk.fill();
+    // One transaction of about 130 KB: the first few KB fit in the file's
+    // last page, the rest does not.
+    client
+        .batch_execute("INSERT INTO t SELECT g, repeat('x', 200) FROM generate_series(2, 501) g")
+        .await
+        .expect("insert");
+    wait_for_log(&host, 30, "a failed sink write", |log| {
+        log.contains("sink write failed; retrying") && log.contains("No space left on device")
+    })
+    .await;
+    let bytes = std::fs::read(&out).expect("the sink's file");
+    assert_eq!(
+        bytes.last(),
+        Some(&b'\n'),
+        "a torn line was left at the end of the file while the disk was full"
+    );
+
+    disk.free();
+    wait_for_line(&out, &host, |l| l["new"]["id"] == 501);
+    client
+        .batch_execute("INSERT INTO t VALUES (502, 'after')")
+        .await
+        .expect("insert");
+    wait_for_line(&out, &host, |l| l["new"]["id"] == 502);
+    assert!(host.running(), "{}", host.log());
+    let (status, log) = host.stop(30);
+    assert!(status.success(), "{status:?}\n{log}");
+    // `lines` parses every line: a torn one fails here.
+    let mut seen = ids(&out);
+    seen.sort_unstable();
+    assert_eq!(
+        seen,
+        (1..=502).collect::<Vec<_>>(),
+        "every row once, nothing torn"
+    );
+    drop(disk);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Regression: with commits failing, SIGTERM left `datum run` "draining"
