@@ -13,7 +13,7 @@
 //! The password is only ever handed to the authentication code; no error or
 //! log line built here contains it.
 
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use postgres_protocol::authentication::md5_hash;
@@ -124,6 +124,8 @@ pub(crate) struct Connection {
     wbuf: BytesMut,
     backend_pid: i32,
     streaming: bool,
+    /// When the last read returned, and how much it brought.
+    last_read: Option<(Instant, usize)>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -136,6 +138,29 @@ impl std::fmt::Debug for Connection {
 }
 
 const READ_CHUNK: usize = 128 * 1024;
+
+/// While the stream is busy, how long a read that found the socket empty
+/// lets the walsender's messages gather before it waits on the socket.
+///
+/// The walsender writes each change as a message of its own. A reader that
+/// keeps up empties the socket every few messages and goes to sleep on it,
+/// and the next message wakes it: a thread switch on each side for a
+/// handful of changes, which made most of both processes' CPU time per
+/// change (and, over TCP, a run either kept up or fell into that mode and
+/// took twice the CPU). Pausing first lets a read take a few dozen messages
+/// at once, and the walsender writes meanwhile without waking anyone.
+/// Shorter than the time the walsender needs to fill a unix socket (about
+/// 0.5 ms for its ~200 small messages at full speed), so it never waits on
+/// the reader; `docs/benchmarks.md` (Reads gathered) has the measurements.
+const GATHER: Duration = Duration::from_micros(150);
+
+/// A stream counts as busy when the last read came back within this of the
+/// next one being needed...
+const BUSY_WITHIN: Duration = Duration::from_micros(500);
+
+/// ...and brought less than this; a larger read says the walsender is ahead
+/// (the socket holds more): read again at once.
+const BUSY_BELOW: usize = 32 * 1024;
 
 impl Connection {
     /// Connects and authenticates, with `replication=database` in the
@@ -203,6 +228,7 @@ impl Connection {
             wbuf: BytesMut::with_capacity(1024),
             backend_pid: 0,
             streaming: false,
+            last_read: None,
         };
         conn.startup(info, end_point).await?;
         Ok(conn)
@@ -500,6 +526,17 @@ impl Connection {
         if self.rbuf.capacity() - self.rbuf.len() < READ_CHUNK / 4 {
             self.rbuf.reserve(READ_CHUNK);
         }
+        if self.streaming
+            && let Some((at, n)) = self.last_read
+            && n < BUSY_BELOW
+            && at.elapsed() < BUSY_WITHIN
+        {
+            // Blocks the thread, not a task: the stream's reader runs on a
+            // thread and runtime of its own (daemon/pipeline.rs,
+            // `spawn_source`), and tokio's timers cannot wait less than a
+            // millisecond.
+            std::thread::sleep(GATHER);
+        }
         let n = self
             .io
             .read_buf(&mut self.rbuf)
@@ -511,6 +548,7 @@ impl Connection {
                 "the server closed the connection",
             )));
         }
+        self.last_read = Some((Instant::now(), n));
         Ok(())
     }
 
