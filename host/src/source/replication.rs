@@ -145,13 +145,13 @@ const READ_CHUNK: usize = 128 * 1024;
 /// The walsender writes each change as a message of its own. A reader that
 /// keeps up empties the socket every few messages and goes to sleep on it,
 /// and the next message wakes it: a thread switch on each side for a
-/// handful of changes, which made most of both processes' CPU time per
-/// change (and, over TCP, a run either kept up or fell into that mode and
-/// took twice the CPU). Pausing first lets a read take a few dozen messages
-/// at once, and the walsender writes meanwhile without waking anyone.
-/// Shorter than the time the walsender needs to fill a unix socket (about
-/// 0.5 ms for its ~200 small messages at full speed), so it never waits on
-/// the reader; `docs/benchmarks.md` (Reads gathered) has the measurements.
+/// handful of changes, a large share of both processes' CPU time per
+/// change. Pausing first lets a read take a few dozen messages at once, and
+/// the walsender writes meanwhile without waking anyone. The pause is
+/// shorter than the time the walsender needs to fill a unix socket (about
+/// 0.5 ms for its ~200 small messages at full speed), so it does not hold
+/// the walsender up; `docs/benchmarks.md` (Reads gathered) has the
+/// measurements.
 const GATHER: Duration = Duration::from_micros(150);
 
 /// A stream counts as busy when the last read came back within this of the
