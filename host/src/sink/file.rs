@@ -129,15 +129,20 @@ fn drop_torn_tail(path: &Path, file: &File) -> Result<u64, SinkError> {
 
 impl State {
     fn rotate(&mut self) -> Result<(), SinkError> {
-        let mut n = 1u64;
-        let target = loop {
-            let candidate = PathBuf::from(format!("{}.{n}", self.path.display()));
-            if !candidate.exists() {
-                break candidate;
-            }
-            n += 1;
-        };
-        std::fs::rename(&self.path, &target).map_err(io_error(&self.path, "rotating"))?;
+        // A rotation whose rename succeeded but whose new file could not be
+        // created (no inode left) left no live file: only the new one is
+        // missing then.
+        if self.path.exists() {
+            let mut n = 1u64;
+            let target = loop {
+                let candidate = PathBuf::from(format!("{}.{n}", self.path.display()));
+                if !candidate.exists() {
+                    break candidate;
+                }
+                n += 1;
+            };
+            std::fs::rename(&self.path, &target).map_err(io_error(&self.path, "rotating"))?;
+        }
         self.file = open(&self.path)?;
         self.size = 0;
         sync_dir(&self.path)

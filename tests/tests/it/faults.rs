@@ -20,11 +20,19 @@ const TOKEN: &str = "faults-admin-token-0123456789abcdef";
 /// its state in `state`, the admin API on `port`; `extra` is added to the
 /// pipeline's table.
 fn config(url: &str, dir: &Path, state: &Path, port: u16, extra: &str) -> String {
-    config_with_sink(url, &dir.join("out.jsonl"), state, port, extra)
+    config_with_sink(url, &dir.join("out.jsonl"), "", state, port, extra)
 }
 
-/// [`config`], with the file sink writing to `out`.
-fn config_with_sink(url: &str, out: &Path, state: &Path, port: u16, extra: &str) -> String {
+/// [`config`], with the file sink writing to `out`; `sink_keys` is added to
+/// the sink's table (`, rotate_at = "1KiB"`).
+fn config_with_sink(
+    url: &str,
+    out: &Path,
+    sink_keys: &str,
+    state: &Path,
+    port: u16,
+    extra: &str,
+) -> String {
     format!(
         r#"
 state = {state}
@@ -37,7 +45,7 @@ token = "{TOKEN}"
 name = "p"
 source.url = {url}
 source.tables = ["public.t"]
-sink = {{ type = "file", path = {out} }}
+sink = {{ type = "file", path = {out}{sink_keys} }}
 # These tests are about the stream: an initial copy racing the first
 # inserts may add a snapshot row equal to a live insert (allowed, and
 # covered by the snapshot tests), which exact row counts here would not.
@@ -183,13 +191,18 @@ impl SmallDisk {
     /// `None` when this process may not mount (not root): the test says so
     /// and passes vacuously only there.
     fn mount(path: PathBuf, size: &str) -> Option<SmallDisk> {
+        SmallDisk::mount_with(path, &format!("size={size}"))
+    }
+
+    /// [`SmallDisk::mount`] with tmpfs's `options` (`size=16m,nr_inodes=2`).
+    fn mount_with(path: PathBuf, options: &str) -> Option<SmallDisk> {
         if !nix::unistd::Uid::effective().is_root() {
             eprintln!("skipped: mounting a small filesystem needs root");
             return None;
         }
         std::fs::create_dir_all(&path).expect("mount point");
         let status = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .args(["-t", "tmpfs", "-o", options, "tmpfs"])
             .arg(&path)
             .status()
             .expect("mount");
@@ -209,6 +222,16 @@ impl SmallDisk {
                 Err(err) => panic!("filling the disk: {err}"),
             }
         }
+    }
+
+    /// Changes the mounted filesystem's `options` in place.
+    fn remount(&self, options: &str) {
+        let status = std::process::Command::new("mount")
+            .args(["-o", &format!("remount,{options}")])
+            .arg(&self.path)
+            .status()
+            .expect("mount");
+        assert!(status.success(), "remounting {}", self.path.display());
     }
 
     fn free(&self) {
@@ -400,6 +423,7 @@ async fn a_full_disk_under_the_file_sink_leaves_no_torn_line() {
         &config_with_sink(
             &pg.conninfo("postgres"),
             &out,
+            "",
             &dir.join("state.redb"),
             free_port(),
             "",
@@ -448,6 +472,75 @@ async fn a_full_disk_under_the_file_sink_leaves_no_torn_line() {
         (1..=502).collect::<Vec<_>>(),
         "every row once, nothing torn"
     );
+    drop(disk);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Regression: a rotation renamed the live file, then could not create
+/// the new one (no inode left on its filesystem); every retry then tried to
+/// rename the live file that was no longer there, and the sink stayed stuck
+/// after the filesystem had room again. A retry now only creates the
+/// missing live file, and every row arrives once, across the two files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotation_that_could_not_create_its_new_file_recovers_once_it_can() {
+    let dir = temp_dir("rotate-no-inode");
+    // The root directory and one file: the live file takes the last inode.
+    let Some(disk) = SmallDisk::mount_with(dir.join("disk"), "size=16m,nr_inodes=2") else {
+        return;
+    };
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    client
+        .batch_execute("CREATE TABLE t (id int PRIMARY KEY, pad text)")
+        .await
+        .expect("schema");
+    let out = disk.path.join("out.jsonl");
+    let mut host = Host::start(
+        &dir,
+        &config_with_sink(
+            &pg.conninfo("postgres"),
+            &out,
+            ", rotate_at = \"1KiB\"",
+            &dir.join("state.redb"),
+            free_port(),
+            "",
+        ),
+    );
+    wait_for_slots(&client, &["datum_p"], &host).await;
+    // Past the limit: the next batch rotates first.
+    client
+        .batch_execute("INSERT INTO t SELECT g, repeat('x', 100) FROM generate_series(1, 20) g")
+        .await
+        .expect("insert");
+    wait_for_line(&out, &host, |l| l["new"]["id"] == 20);
+    client
+        .batch_execute("INSERT INTO t VALUES (21, 'rotates')")
+        .await
+        .expect("insert");
+    wait_for_log(&host, 30, "a failed rotation", |log| {
+        log.contains("sink write failed; retrying") && log.contains("No space left on device")
+    })
+    .await;
+    assert!(!out.exists(), "the live file was renamed");
+
+    disk.remount("nr_inodes=16");
+    let rotated = disk.path.join("out.jsonl.1");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ids(&out).contains(&21) {
+        assert!(
+            Instant::now() < deadline,
+            "the sink never wrote again after the filesystem had room:\n{}",
+            host.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(host.running(), "{}", host.log());
+    let (status, log) = host.stop(30);
+    assert!(status.success(), "{status:?}\n{log}");
+    let mut seen = ids(&rotated);
+    seen.extend(ids(&out));
+    seen.sort_unstable();
+    assert_eq!(seen, (1..=21).collect::<Vec<_>>(), "every row once");
     drop(disk);
     let _ = std::fs::remove_dir_all(&dir);
 }
