@@ -399,6 +399,51 @@ async fn a_full_disk_under_the_state_file_recovers_once_space_is_freed() {
     drop(f.pg);
 }
 
+/// A host streaming `t (id int PRIMARY KEY, pad text)` into a file sink
+/// whose `out.jsonl` lives on a small filesystem (its state file does not).
+struct SinkOnSmallDisk {
+    dir: PathBuf,
+    disk: SmallDisk,
+    _pg: pg_throwaway::Cluster,
+    client: tokio_postgres::Client,
+    out: PathBuf,
+    host: Host,
+}
+
+/// Mounts a tmpfs with `options` (`None` when this process may not mount)
+/// and starts the host, its sink's table extended by `sink_keys`.
+async fn sink_on_small_disk(name: &str, options: &str, sink_keys: &str) -> Option<SinkOnSmallDisk> {
+    let dir = temp_dir(name);
+    let disk = SmallDisk::mount_with(dir.join("disk"), options)?;
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    client
+        .batch_execute("CREATE TABLE t (id int PRIMARY KEY, pad text)")
+        .await
+        .expect("schema");
+    let out = disk.path.join("out.jsonl");
+    let host = Host::start(
+        &dir,
+        &config_with_sink(
+            &pg.conninfo("postgres"),
+            &out,
+            sink_keys,
+            &dir.join("state.redb"),
+            free_port(),
+            "",
+        ),
+    );
+    wait_for_slots(&client, &["datum_p"], &host).await;
+    Some(SinkOnSmallDisk {
+        dir,
+        disk,
+        _pg: pg,
+        client,
+        out,
+        host,
+    })
+}
+
 /// Regression: a file sink on a full disk kept the part of a batch that
 /// fitted, and wrote the whole batch again after it once space was freed,
 /// so the file held a torn line in its middle that no reader could parse.
@@ -407,29 +452,17 @@ async fn a_full_disk_under_the_state_file_recovers_once_space_is_freed() {
 /// there exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_under_the_file_sink_leaves_no_torn_line() {
-    let dir = temp_dir("full-sink-disk");
-    let Some(disk) = SmallDisk::mount(dir.join("disk"), "16m") else {
+    let Some(SinkOnSmallDisk {
+        dir,
+        disk,
+        _pg,
+        client,
+        out,
+        mut host,
+    }) = sink_on_small_disk("full-sink-disk", "size=16m", "").await
+    else {
         return;
     };
-    let pg = cluster();
-    let client = connect(&pg.conninfo("postgres")).await;
-    client
-        .batch_execute("CREATE TABLE t (id int PRIMARY KEY, pad text)")
-        .await
-        .expect("schema");
-    let out = disk.path.join("out.jsonl");
-    let mut host = Host::start(
-        &dir,
-        &config_with_sink(
-            &pg.conninfo("postgres"),
-            &out,
-            "",
-            &dir.join("state.redb"),
-            free_port(),
-            "",
-        ),
-    );
-    wait_for_slots(&client, &["datum_p"], &host).await;
     client
         .batch_execute("INSERT INTO t VALUES (1, 'first')")
         .await
@@ -483,30 +516,23 @@ async fn a_full_disk_under_the_file_sink_leaves_no_torn_line() {
 /// missing live file, and every row arrives once, across the two files.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rotation_that_could_not_create_its_new_file_recovers_once_it_can() {
-    let dir = temp_dir("rotate-no-inode");
     // The root directory and one file: the live file takes the last inode.
-    let Some(disk) = SmallDisk::mount_with(dir.join("disk"), "size=16m,nr_inodes=2") else {
+    let Some(SinkOnSmallDisk {
+        dir,
+        disk,
+        _pg,
+        client,
+        out,
+        mut host,
+    }) = sink_on_small_disk(
+        "rotate-no-inode",
+        "size=16m,nr_inodes=2",
+        ", rotate_at = \"1KiB\"",
+    )
+    .await
+    else {
         return;
     };
-    let pg = cluster();
-    let client = connect(&pg.conninfo("postgres")).await;
-    client
-        .batch_execute("CREATE TABLE t (id int PRIMARY KEY, pad text)")
-        .await
-        .expect("schema");
-    let out = disk.path.join("out.jsonl");
-    let mut host = Host::start(
-        &dir,
-        &config_with_sink(
-            &pg.conninfo("postgres"),
-            &out,
-            ", rotate_at = \"1KiB\"",
-            &dir.join("state.redb"),
-            free_port(),
-            "",
-        ),
-    );
-    wait_for_slots(&client, &["datum_p"], &host).await;
     // Past the limit: the next batch rotates first.
     client
         .batch_execute("INSERT INTO t SELECT g, repeat('x', 100) FROM generate_series(1, 20) g")
