@@ -116,7 +116,7 @@ type Shutdown<'a> = Pin<&'a mut (dyn Future<Output = ()> + Send)>;
 /// file is, and a restart without the state file (an adopted slot) does
 /// not deliver the last transactions again.
 pub async fn run(
-    config: SourceConfig,
+    mut config: SourceConfig,
     resume_after: Lsn,
     out: crate::channel::Sender<Batch>,
     positions: Arc<dyn Positions>,
@@ -141,7 +141,10 @@ pub async fn run(
                 requested,
             };
             match reader.run(shutdown.as_mut()).await {
-                Ok(Outcome::Caught) => {
+                Ok(outcome @ (Outcome::Caught | Outcome::Unavailable)) => {
+                    if let Outcome::Unavailable = outcome {
+                        config.catch_up = None;
+                    }
                     let checkpoint = positions.flushed();
                     requested = requested.max(checkpoint);
                     assembler.reconnected(checkpoint);

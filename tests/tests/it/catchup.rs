@@ -1,5 +1,6 @@
 //! Catch-up: a slot far behind is drained through the SQL interface
-//! (`pg_logical_slot_peek_binary_changes`), then streamed. Against a real
+//! (`pg_logical_slot_get_binary_changes` on a temporary copy of the slot),
+//! then streamed. Against a real
 //! server: the same batches as the streaming path for the same WAL, the
 //! switch back to streaming, and the slot never confirmed past the
 //! checkpoint.
@@ -66,8 +67,8 @@ async fn a_slot_drained_through_sql_yields_exactly_the_batches_streaming_does() 
     let tables = ["item", "full_item", "big", "done"];
     let streamed = config(&pg, "pub", "streamed", &tables);
     let mut caught = config(&pg, "pub", "caught", &tables);
-    // Any lag at all, and small windows: many peeks, each starting again
-    // at the slot's confirmed position.
+    // Any lag at all, and small windows: many calls, each a decoding of
+    // its own.
     caught.catch_up = Some(CatchUp {
         threshold: 0,
         window: 500,
@@ -442,4 +443,159 @@ async fn a_stop_during_a_catch_up_leaves_the_slot_at_the_final_checkpoint() {
         checkpoint,
         "the slot is moved to the final checkpoint, and not past it"
     );
+}
+
+/// Rows of a table `t`, in order, from the inserts in `batches`.
+fn inserted_ids(batches: &[Batch]) -> Vec<i64> {
+    let mut ids = Vec::new();
+    for batch in batches {
+        for change in &batch.changes {
+            if let datum::Change::Insert { new, .. } = change
+                && let Some(datum_guest::Value::Int(id)) = new.first()
+            {
+                ids.push(*id);
+            }
+        }
+    }
+    ids
+}
+
+/// A catch-up reads each window of a temporary copy of the slot, so it
+/// asks for the next window without waiting for the checkpoint: here
+/// nothing is checkpointed at all, and every window still arrives. The
+/// pipeline's slot stays where the checkpoint is, and the copy is gone
+/// once the source streams again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catch_up_reads_windows_ahead_of_the_checkpoint_and_the_slot_stays_at_it() {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    sql(&client, &["CREATE TABLE t (id int PRIMARY KEY, body text)"]).await;
+    let mut cfg = config(&pg, "pub", "slot", &["t"]);
+    cfg.catch_up = Some(CatchUp {
+        threshold: 0,
+        window: 500,
+    });
+    datum::prepare_source(&cfg, None, || Ok(()))
+        .await
+        .expect("prepare");
+    let start = confirmed_flush(&client, "slot").await;
+    // 300 transactions of 10 rows: about 3,600 messages, seven windows or
+    // more.
+    sql(
+        &client,
+        &["DO $$ BEGIN FOR i IN 0..299 LOOP
+             INSERT INTO t SELECT g, 'row ' || g FROM generate_series(i * 10, i * 10 + 9) g;
+             COMMIT;
+           END LOOP; END $$"],
+    )
+    .await;
+    let mut source = Running::start_prepared(cfg, Lsn::ZERO, 1024);
+    let mut batches = Vec::new();
+    while inserted_ids(&batches).len() < 3000 {
+        // Nothing acknowledged, nothing checkpointed.
+        batches.push(source.next(30).await);
+    }
+    assert_eq!(
+        inserted_ids(&batches),
+        (0..3000).collect::<Vec<i64>>(),
+        "every row once, in order"
+    );
+    let stats = source.stats.clone();
+    assert_eq!(stats.catch_ups.load(Relaxed), 1);
+    assert_eq!(
+        stats.catch_up_changes.load(Relaxed),
+        3000,
+        "every change came through SQL"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while stats.catching_up.load(Relaxed) {
+        assert!(std::time::Instant::now() < deadline, "still catching up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        confirmed_flush(&client, "slot").await,
+        start,
+        "the slot is not confirmed past the checkpoint"
+    );
+    let copies = client
+        .query_one(
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'datum_catchup_%'",
+            &[],
+        )
+        .await
+        .expect("slots")
+        .get::<_, i64>(0);
+    assert_eq!(copies, 0, "the copy is dropped on leaving");
+
+    // Once checkpointed, the stream confirms it.
+    for batch in &batches {
+        source.checkpoint(batch);
+    }
+    let end = Lsn(batches.last().expect("batches").txn.end_lsn);
+    sql(&client, &["INSERT INTO t VALUES (5000, 'live')"]).await;
+    let live = source.next(20).await;
+    assert_eq!(inserted_ids(std::slice::from_ref(&live)), [5000]);
+    source.checkpoint(&live);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while confirmed_flush(&client, "slot").await < end {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the slot stayed behind"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    source.stop().await.expect("a clean stop");
+}
+
+/// A catch-up needs a free replication slot for its copy. Without one the
+/// source streams instead, every row once, and does not try again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_free_slot_for_the_copy_the_source_streams_instead() {
+    let pg = pg_throwaway::Cluster::builder()
+        .setting("wal_level", "logical")
+        .setting("max_replication_slots", "1")
+        .start()
+        .expect("cluster");
+    let client = connect(&pg.conninfo("postgres")).await;
+    sql(&client, &["CREATE TABLE t (id int PRIMARY KEY, body text)"]).await;
+    let mut cfg = config(&pg, "pub", "slot", &["t"]);
+    cfg.catch_up = Some(CatchUp {
+        threshold: 0,
+        window: 500,
+    });
+    datum::prepare_source(&cfg, None, || Ok(()))
+        .await
+        .expect("prepare");
+    sql(
+        &client,
+        &["DO $$ BEGIN FOR i IN 0..199 LOOP
+             INSERT INTO t SELECT g, 'row ' || g FROM generate_series(i * 10, i * 10 + 9) g;
+             COMMIT;
+           END LOOP; END $$"],
+    )
+    .await;
+    let mut source = Running::start_prepared(cfg, Lsn::ZERO, 64);
+    let mut batches = Vec::new();
+    while inserted_ids(&batches).len() < 2000 {
+        let batch = source.next(30).await;
+        source.checkpoint(&batch);
+        batches.push(batch);
+    }
+    // More while streaming: still no second try.
+    sql(&client, &["INSERT INTO t VALUES (5000, 'live')"]).await;
+    let live = source.next(20).await;
+    source.checkpoint(&live);
+    batches.push(live);
+    let mut expected: Vec<i64> = (0..2000).collect();
+    expected.push(5000);
+    assert_eq!(inserted_ids(&batches), expected, "every row once, in order");
+    let stats = source.stats.clone();
+    assert_eq!(
+        stats.catch_ups.load(Relaxed),
+        0,
+        "no catch-up without a copy"
+    );
+    assert_eq!(stats.catch_up_changes.load(Relaxed), 0);
+    assert_eq!(stats.reconnects.load(Relaxed), 0, "no session was cut");
+    source.stop().await.expect("a clean stop");
 }

@@ -255,7 +255,7 @@ fn read_log(path: &Path) -> Vec<Line> {
 }
 
 /// Starts the pipeline process and waits until it handles SIGINT; with
-/// `catch_up`, it drains the slot through SQL in peeks of that many rows
+/// `catch_up`, it drains the slot through SQL in windows of that many rows
 /// while it is behind at all.
 fn spawn_pipeline(conninfo: &str, state: &Path, log: &Path, catch_up: Option<u32>) -> Child {
     let mut args = vec![

@@ -117,6 +117,23 @@ fn usage(problem: &str) -> ! {
     std::process::exit(2)
 }
 
+/// `DATUM_BENCH_PROFILE=PIPELINE:COMMAND` runs COMMAND (in the background,
+/// `{pid}` replaced by the host's) while a pipeline whose name contains
+/// PIPELINE drains: `d_t1_tcp:perf record -g -p {pid} -o /tmp/perf.data --
+/// sleep 4`.
+fn profile(host: &Host, pipeline: &str) {
+    if let Ok(profile) = std::env::var("DATUM_BENCH_PROFILE")
+        && let Some((wanted, command)) = profile.split_once(':')
+        && pipeline.contains(wanted)
+    {
+        let command = command.replace("{pid}", &host.pid().to_string());
+        let _ = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("({command}) >/dev/null 2>&1 &"))
+            .status();
+    }
+}
+
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
@@ -384,20 +401,7 @@ impl Bench {
         let cpu = cpu_seconds(host.pid()).expect("the host's CPU time");
         let started = Instant::now();
         host.resume(pipeline).await;
-        // DATUM_BENCH_PROFILE=PIPELINE:COMMAND runs COMMAND (in the
-        // background, `{pid}` replaced by the host's) while a pipeline whose
-        // name contains PIPELINE drains: `d_t1_tcp:perf record -g -p {pid}
-        // -o /tmp/perf.data -- sleep 4`.
-        if let Ok(profile) = std::env::var("DATUM_BENCH_PROFILE")
-            && let Some((wanted, command)) = profile.split_once(':')
-            && pipeline.contains(wanted)
-        {
-            let command = command.replace("{pid}", &host.pid().to_string());
-            let _ = std::process::Command::new("sh")
-                .arg("-c")
-                .arg(format!("({command}) >/dev/null 2>&1 &"))
-                .status();
-        }
+        profile(host, pipeline);
         host.wait_checkpointed(pipeline, end, Duration::from_secs(1800))
             .await;
         let elapsed = started.elapsed();
@@ -425,6 +429,7 @@ impl Bench {
         let start_lsn = host.checkpointed(pipeline).await;
         let started = Instant::now();
         host.resume(pipeline).await;
+        profile(host, pipeline);
         let deadline = started + Duration::from_secs(1800);
         let (mut entered, mut left, mut switched_at) = (None, None, Lsn::ZERO);
         loop {
@@ -461,7 +466,7 @@ impl Bench {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         if std::env::var_os("DATUM_BENCH_LOG").is_some() {
-            for line in host.log().lines().filter(|l| l.contains("peeked")) {
+            for line in host.log().lines().filter(|l| l.contains("window read")) {
                 println!("  {line}");
             }
         }
