@@ -58,8 +58,10 @@ mod tests {
         let mut backoff = Backoff::new(ms(100), ms(350));
         for nominal in [100u64, 200, 350, 350] {
             let wait = backoff.next_wait();
+            // Bounds as exact as the jitter's: 350 ms × 5/4 is 437.5 ms,
+            // not the 437 ms of integer division.
             assert!(
-                wait >= ms(nominal * 3 / 4) && wait <= ms(nominal * 5 / 4),
+                wait >= ms(nominal).mul_f64(0.75) && wait <= ms(nominal).mul_f64(1.25),
                 "{wait:?} for {nominal} ms"
             );
         }
