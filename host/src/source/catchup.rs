@@ -11,8 +11,8 @@
 //! and reads bounded windows of the copy that way (`upto_nchanges`; rows
 //! are streamed, never the whole result in memory) through the same
 //! decoder and assembler. Each call moves the copy past what it returned,
-//! so the next window can be asked for at once: the server decodes it
-//! while the source still assembles the last. The pipeline's own slot
+//! so the next window can be asked for at once, on a thread of its own:
+//! the server decodes it while the source still assembles the last. The pipeline's own slot
 //! moves with `pg_replication_slot_advance`, only to what is durably
 //! checkpointed. Once within half the threshold, or when a window comes
 //! back empty, the source streams again from the checkpoint.
@@ -374,15 +374,9 @@ impl Reader<'_> {
             });
         }
         if flushed > confirmed {
-            client
-                .query(
-                    "SELECT pg_replication_slot_advance($1, $2)",
-                    &[&config.slot, &PgLsn::from(flushed.0)],
-                )
+            move_slot(client, config, flushed, self.stats)
                 .await
                 .map_err(SourceError::Sql)?;
-            self.stats.confirmed_lsn.store(flushed.0, Ordering::Relaxed);
-            self.stats.status_updates.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -581,18 +575,8 @@ async fn follow_checkpoint(
         if flushed <= confirmed {
             continue;
         }
-        let moved = client
-            .query(
-                "SELECT pg_replication_slot_advance($1, $2)",
-                &[&config.slot, &PgLsn::from(flushed.0)],
-            )
-            .await;
-        match moved {
-            Ok(_) => {
-                confirmed = flushed;
-                stats.confirmed_lsn.store(flushed.0, Ordering::Relaxed);
-                stats.status_updates.fetch_add(1, Ordering::Relaxed);
-            }
+        match move_slot(client, config, flushed, stats).await {
+            Ok(()) => confirmed = flushed,
             Err(err) => {
                 tracing::warn!(slot = %config.slot, error = %crate::pg::error_chain(&err), "could not move the slot to the checkpoint; trying again")
             }
@@ -617,21 +601,33 @@ pub(crate) async fn confirm(
     if flushed <= confirmed {
         return;
     }
-    let moved = client
-        .query(
-            "SELECT pg_replication_slot_advance($1, $2)",
-            &[&config.slot, &PgLsn::from(flushed.0)],
-        )
-        .await;
-    match moved {
-        Ok(_) => {
-            stats.confirmed_lsn.store(flushed.0, Ordering::Relaxed);
+    match move_slot(client, config, flushed, stats).await {
+        Ok(()) => {
             tracing::debug!(slot = %config.slot, confirmed = %flushed, "final position confirmed");
         }
         Err(err) => {
             tracing::warn!(slot = %config.slot, error = %crate::pg::error_chain(&err), "could not move the slot to the final checkpoint; the next start replays from the slot's position")
         }
     }
+}
+
+/// Moves the pipeline's slot to `flushed`, which the caller knows is
+/// checkpointed, and counts the confirmation.
+async fn move_slot(
+    client: &Client,
+    config: &SourceConfig,
+    flushed: Lsn,
+    stats: &SourceStats,
+) -> Result<(), tokio_postgres::Error> {
+    client
+        .query(
+            "SELECT pg_replication_slot_advance($1, $2)",
+            &[&config.slot, &PgLsn::from(flushed.0)],
+        )
+        .await?;
+    stats.confirmed_lsn.store(flushed.0, Ordering::Relaxed);
+    stats.status_updates.fetch_add(1, Ordering::Relaxed);
+    Ok(())
 }
 
 async fn flushed_wal(client: &Client) -> Result<Lsn, SourceError> {

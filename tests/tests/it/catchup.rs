@@ -401,22 +401,34 @@ fn log_has(host: &crate::run::Host, what: &str) -> bool {
     host.log().contains(what)
 }
 
+/// A table `t` created by `create` on the cluster's `postgres` database,
+/// and a source for it that catches up at any lag in windows of `window`
+/// rows, its publication and slot prepared.
+async fn catching_up(
+    pg: &pg_throwaway::Cluster,
+    create: &str,
+    window: i32,
+) -> (tokio_postgres::Client, datum::SourceConfig) {
+    let client = connect(&pg.conninfo("postgres")).await;
+    sql(&client, &[create]).await;
+    let mut cfg = config(pg, "pub", "slot", &["t"]);
+    cfg.catch_up = Some(CatchUp {
+        threshold: 0,
+        window,
+    });
+    datum::prepare_source(&cfg, None, || Ok(()))
+        .await
+        .expect("prepare");
+    (client, cfg)
+}
+
 /// Stopped while catching up, the source moves the slot to the final
 /// checkpoint through SQL, as a streaming session does with its last
 /// status update: the slot ends where the checkpoint is, no further.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_during_a_catch_up_leaves_the_slot_at_the_final_checkpoint() {
     let pg = cluster();
-    let client = connect(&pg.conninfo("postgres")).await;
-    sql(&client, &["CREATE TABLE t (id int PRIMARY KEY)"]).await;
-    let mut cfg = config(&pg, "pub", "slot", &["t"]);
-    cfg.catch_up = Some(CatchUp {
-        threshold: 0,
-        window: 100,
-    });
-    datum::prepare_source(&cfg, None, || Ok(()))
-        .await
-        .expect("prepare");
+    let (client, cfg) = catching_up(&pg, "CREATE TABLE t (id int PRIMARY KEY)", 100).await;
     sql(
         &client,
         &["DO $$ BEGIN FOR i IN 0..999 LOOP
@@ -468,16 +480,8 @@ fn inserted_ids(batches: &[Batch]) -> Vec<i64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_catch_up_reads_windows_ahead_of_the_checkpoint_and_the_slot_stays_at_it() {
     let pg = cluster();
-    let client = connect(&pg.conninfo("postgres")).await;
-    sql(&client, &["CREATE TABLE t (id int PRIMARY KEY, body text)"]).await;
-    let mut cfg = config(&pg, "pub", "slot", &["t"]);
-    cfg.catch_up = Some(CatchUp {
-        threshold: 0,
-        window: 500,
-    });
-    datum::prepare_source(&cfg, None, || Ok(()))
-        .await
-        .expect("prepare");
+    let (client, cfg) =
+        catching_up(&pg, "CREATE TABLE t (id int PRIMARY KEY, body text)", 500).await;
     let start = confirmed_flush(&client, "slot").await;
     // 300 transactions of 10 rows: about 3,600 messages, seven windows or
     // more.
@@ -556,16 +560,8 @@ async fn without_a_free_slot_for_the_copy_the_source_streams_instead() {
         .setting("max_replication_slots", "1")
         .start()
         .expect("cluster");
-    let client = connect(&pg.conninfo("postgres")).await;
-    sql(&client, &["CREATE TABLE t (id int PRIMARY KEY, body text)"]).await;
-    let mut cfg = config(&pg, "pub", "slot", &["t"]);
-    cfg.catch_up = Some(CatchUp {
-        threshold: 0,
-        window: 500,
-    });
-    datum::prepare_source(&cfg, None, || Ok(()))
-        .await
-        .expect("prepare");
+    let (client, cfg) =
+        catching_up(&pg, "CREATE TABLE t (id int PRIMARY KEY, body text)", 500).await;
     sql(
         &client,
         &["DO $$ BEGIN FOR i IN 0..199 LOOP
