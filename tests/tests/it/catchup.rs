@@ -422,6 +422,21 @@ async fn catching_up(
     (client, cfg)
 }
 
+/// `count` transactions of ten rows each into `t (id, body)`, ids from 0.
+async fn ten_row_transactions(client: &tokio_postgres::Client, count: u32) {
+    let last = count.saturating_sub(1);
+    sql(
+        client,
+        &[&format!(
+            "DO $$ BEGIN FOR i IN 0..{last} LOOP
+               INSERT INTO t SELECT g, 'row ' || g FROM generate_series(i * 10, i * 10 + 9) g;
+               COMMIT;
+             END LOOP; END $$"
+        )],
+    )
+    .await;
+}
+
 /// Stopped while catching up, the source moves the slot to the final
 /// checkpoint through SQL, as a streaming session does with its last
 /// status update: the slot ends where the checkpoint is, no further.
@@ -485,14 +500,7 @@ async fn a_catch_up_reads_windows_ahead_of_the_checkpoint_and_the_slot_stays_at_
     let start = confirmed_flush(&client, "slot").await;
     // 300 transactions of 10 rows: about 3,600 messages, seven windows or
     // more.
-    sql(
-        &client,
-        &["DO $$ BEGIN FOR i IN 0..299 LOOP
-             INSERT INTO t SELECT g, 'row ' || g FROM generate_series(i * 10, i * 10 + 9) g;
-             COMMIT;
-           END LOOP; END $$"],
-    )
-    .await;
+    ten_row_transactions(&client, 300).await;
     let mut source = Running::start_prepared(cfg, Lsn::ZERO, 1024);
     let mut batches = Vec::new();
     while inserted_ids(&batches).len() < 3000 {
@@ -562,14 +570,7 @@ async fn without_a_free_slot_for_the_copy_the_source_streams_instead() {
         .expect("cluster");
     let (client, cfg) =
         catching_up(&pg, "CREATE TABLE t (id int PRIMARY KEY, body text)", 500).await;
-    sql(
-        &client,
-        &["DO $$ BEGIN FOR i IN 0..199 LOOP
-             INSERT INTO t SELECT g, 'row ' || g FROM generate_series(i * 10, i * 10 + 9) g;
-             COMMIT;
-           END LOOP; END $$"],
-    )
-    .await;
+    ten_row_transactions(&client, 200).await;
     let mut source = Running::start_prepared(cfg, Lsn::ZERO, 64);
     let mut batches = Vec::new();
     while inserted_ids(&batches).len() < 2000 {
