@@ -596,3 +596,47 @@ async fn without_a_free_slot_for_the_copy_the_source_streams_instead() {
     assert_eq!(stats.reconnects.load(Relaxed), 0, "no session was cut");
     source.stop().await.expect("a clean stop");
 }
+
+/// The server ends the catch-up's reading session (an administrator's
+/// `pg_terminate_backend`, a restart): its copy goes with it, and the
+/// source reconnects, makes a new copy from the slot and goes on, every
+/// row once and in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catch_up_whose_reading_session_is_killed_goes_on_from_a_new_copy() {
+    let pg = cluster();
+    let (client, mut cfg) =
+        catching_up(&pg, "CREATE TABLE t (id int PRIMARY KEY, body text)", 500).await;
+    cfg.reconnect_initial = Duration::from_millis(50);
+    ten_row_transactions(&client, 3000).await;
+    let mut source = Running::start_prepared(cfg, Lsn::ZERO, 64);
+    let mut batches = Vec::new();
+    for _ in 0..100 {
+        let batch = source.next(30).await;
+        source.checkpoint(&batch);
+        batches.push(batch);
+    }
+    let killed = client
+        .query_one(
+            "SELECT count(pg_terminate_backend(active_pid)) FROM pg_replication_slots
+             WHERE slot_name LIKE 'datum_catchup_%' AND active_pid IS NOT NULL",
+            &[],
+        )
+        .await
+        .expect("terminate")
+        .get::<_, i64>(0);
+    assert_eq!(killed, 1, "the reading session, found by its copy");
+    while inserted_ids(&batches).len() < 30_000 {
+        let batch = source.next(30).await;
+        source.checkpoint(&batch);
+        batches.push(batch);
+    }
+    assert_eq!(
+        inserted_ids(&batches),
+        (0..30_000).collect::<Vec<i64>>(),
+        "every row once, in order"
+    );
+    let stats = source.stats.clone();
+    assert!(stats.reconnects.load(Relaxed) >= 1, "a reconnect");
+    assert!(stats.catch_ups.load(Relaxed) >= 2, "a second catch-up");
+    source.stop().await.expect("a clean stop");
+}
