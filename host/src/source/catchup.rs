@@ -429,7 +429,7 @@ impl Fetch {
     }
 
     async fn run(mut self, tx: &tokio::sync::mpsc::Sender<Read>) {
-        let client = match self.copy(tx).await {
+        let (client, statement, copy) = match self.copy(tx).await {
             Ok(Some(set_up)) => set_up,
             Ok(None) => return,
             Err(err) => {
@@ -437,7 +437,6 @@ impl Fetch {
                 return;
             }
         };
-        let (client, statement, copy) = client;
         match self.windows(&client, &statement, &copy, tx).await {
             Ok(Ok(last)) => {
                 // Done: the copy goes before the source hears of it (it

@@ -444,6 +444,21 @@ async fn sink_on_small_disk(name: &str, options: &str, sink_keys: &str) -> Optio
     })
 }
 
+/// Runs `insert`, then waits until the host's sink says its write failed
+/// for want of room (`what` names the wait in a timeout).
+async fn insert_until_no_space(
+    client: &tokio_postgres::Client,
+    host: &Host,
+    insert: &str,
+    what: &str,
+) {
+    client.batch_execute(insert).await.expect("insert");
+    wait_for_log(host, 30, what, |log| {
+        log.contains("sink write failed; retrying") && log.contains("No space left on device")
+    })
+    .await;
+}
+
 /// Regression: a file sink on a full disk kept the part of a batch that
 /// fitted, and wrote the whole batch again after it once space was freed,
 /// so the file held a torn line in its middle that no reader could parse.
@@ -472,13 +487,12 @@ async fn a_full_disk_under_the_file_sink_leaves_no_torn_line() {
     disk.fill();
     // One transaction of about 130 KB: the first few KB fit in the file's
     // last page, the rest does not.
-    client
-        .batch_execute("INSERT INTO t SELECT g, repeat('x', 200) FROM generate_series(2, 501) g")
-        .await
-        .expect("insert");
-    wait_for_log(&host, 30, "a failed sink write", |log| {
-        log.contains("sink write failed; retrying") && log.contains("No space left on device")
-    })
+    insert_until_no_space(
+        &client,
+        &host,
+        "INSERT INTO t SELECT g, repeat('x', 200) FROM generate_series(2, 501) g",
+        "a failed sink write",
+    )
     .await;
     let bytes = std::fs::read(&out).expect("the sink's file");
     assert_eq!(
@@ -539,13 +553,12 @@ async fn a_rotation_that_could_not_create_its_new_file_recovers_once_it_can() {
         .await
         .expect("insert");
     wait_for_line(&out, &host, |l| l["new"]["id"] == 20);
-    client
-        .batch_execute("INSERT INTO t VALUES (21, 'rotates')")
-        .await
-        .expect("insert");
-    wait_for_log(&host, 30, "a failed rotation", |log| {
-        log.contains("sink write failed; retrying") && log.contains("No space left on device")
-    })
+    insert_until_no_space(
+        &client,
+        &host,
+        "INSERT INTO t VALUES (21, 'rotates')",
+        "a failed rotation",
+    )
     .await;
     assert!(!out.exists(), "the live file was renamed");
 
