@@ -22,6 +22,7 @@ pub(crate) mod prepare;
 pub(crate) mod snapshot;
 pub(crate) mod supervisor;
 pub(crate) mod transforms;
+pub(crate) mod visibility;
 
 pub use feedback::Feedback;
 pub(crate) use prepare::{Prepared, StartError, engine, prepare, prepare_with};

@@ -33,6 +33,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::checkpoint::{ALL_TABLES, SnapshotProgress, Store, TableState, now_micros};
 use crate::config::{SnapshotMode, SnapshotOrder};
+use crate::daemon::visibility::Delivered;
 use crate::event::{Batch, Change, Lsn, Relation};
 use crate::retry::Backoff;
 use crate::source::snapshot::{self as reader, SnapshotTable, WATERMARK_PREFIX};
@@ -115,6 +116,17 @@ struct Inner {
     /// Tables whose copy failed in this run: a chunk of theirs placed
     /// after the failure must not record progress over it.
     failed: HashSet<String>,
+    /// The transactions the stream delivered, for the chunks read too
+    /// early to see them.
+    delivered: Delivered,
+}
+
+impl Inner {
+    /// Forgets the delivered transactions no pending chunk can miss.
+    fn forget_seen(&mut self) {
+        let pending: Vec<u64> = self.chunks.keys().copied().collect();
+        self.delivered.forget_seen(&pending);
+    }
 }
 
 #[derive(Debug)]
@@ -123,6 +135,9 @@ struct Chunk {
     key_names: Vec<String>,
     /// The low watermark was seen: keys are being collected.
     open: bool,
+    /// The number the stream's transactions had reached at the low
+    /// watermark ([`Delivered::now`]).
+    low: u64,
     /// The table was truncated between the watermarks.
     truncated: bool,
     touched: HashSet<Vec<u8>>,
@@ -144,10 +159,12 @@ struct Ready {
     rows: Vec<Vec<Value>>,
     bytes: usize,
     progress: SnapshotProgress,
+    /// The snapshot the rows were read under.
+    snapshot: reader::ReadSnapshot,
 }
 
 /// What became of a chunk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Placed {
     /// Its rows went into the stream; `dropped` of them were left out
     /// because the stream changed their keys between the watermarks.
@@ -159,6 +176,10 @@ enum Placed {
     },
     /// Its low watermark was not seen in this run: read it again.
     Lost,
+    /// It was read under a snapshot that did not see these transactions,
+    /// which the stream delivered before its low watermark: read it again
+    /// once the server sees them.
+    TooEarly(Vec<u64>),
 }
 
 /// A table's copy as this run sees it.
@@ -260,6 +281,7 @@ impl Snapshots {
                 oid: table.oid,
                 key_names,
                 open: false,
+                low: 0,
                 truncated: false,
                 touched: HashSet::new(),
                 positions: None,
@@ -282,13 +304,21 @@ impl Snapshots {
     }
 
     fn chunk_read(&self, id: u64, ready: Ready) {
-        if let Some(chunk) = self.lock().chunks.get_mut(&id) {
+        let mut inner = self.lock();
+        // Chunks registered from here on read after this read ended.
+        let registered_from = self.next_id.load(Ordering::Relaxed);
+        let snapshot = ready.snapshot.clone();
+        if let Some(chunk) = inner.chunks.get_mut(&id) {
             chunk.ready = Some(ready);
+            inner.delivered.read(id, registered_from, snapshot);
         }
+        inner.forget_seen();
     }
 
     fn abandon(&self, id: u64) {
-        self.lock().chunks.remove(&id);
+        let mut inner = self.lock();
+        inner.chunks.remove(&id);
+        inner.forget_seen();
     }
 
     /// Starts showing `progress`'s table as this run copies it.
@@ -325,6 +355,7 @@ impl Snapshots {
             .iter()
             .any(|c| matches!(c, Change::Message { prefix, .. } if prefix == WATERMARK_PREFIX));
         let mut inner = self.lock();
+        inner.delivered.note(batch.txn.xid);
         if !marked && !inner.chunks.values().any(|c| c.open) {
             return;
         }
@@ -341,8 +372,10 @@ impl Snapshots {
                     if let Some(mark) = self.ours(content) {
                         match mark.mark.as_str() {
                             "low" => {
+                                let now = inner.delivered.now();
                                 if let Some(chunk) = inner.chunks.get_mut(&mark.chunk) {
                                     chunk.open = true;
+                                    chunk.low = now;
                                 }
                             }
                             _ => {
@@ -355,6 +388,7 @@ impl Snapshots {
                                         // before it is read again.
                                         None => lose_table(&mut inner, oid),
                                     }
+                                    inner.forget_seen();
                                 }
                             }
                         }
@@ -477,6 +511,7 @@ fn lose_table(inner: &mut Inner, oid: u32) {
 fn place(inner: &mut Inner, chunk: Chunk, lsn: Lsn, out: &mut Vec<Change>) -> Option<usize> {
     let Chunk {
         open,
+        low,
         truncated,
         touched,
         ready,
@@ -497,6 +532,13 @@ fn place(inner: &mut Inner, chunk: Chunk, lsn: Lsn, out: &mut Vec<Change>) -> Op
         }
         return None;
     };
+    let unseen = inner.delivered.unseen_before(&ready.snapshot, low);
+    if !unseen.is_empty() {
+        if let Some(answer) = answer {
+            let _ = answer.send(Placed::TooEarly(unseen));
+        }
+        return None;
+    }
     let total = ready.rows.len() as u64;
     let mut emitted = 0u64;
     if !truncated {
@@ -886,6 +928,17 @@ async fn copy_chunks(
                 read = progress.clone();
                 continue;
             }
+            // Read before transactions the stream delivered ahead of it
+            // were visible: the same, once they are.
+            Ok(Placed::TooEarly(unseen)) => {
+                for (id, _, _) in in_flight.drain(..) {
+                    snapshots.abandon(id);
+                }
+                read = progress.clone();
+                tracing::debug!(pipeline = %snapshots.pipeline, table = %progress.table, transactions = ?unseen, "a chunk was read before transactions committed ahead of it were visible; reading it again once they are");
+                reader::wait_seen(connection.client(), &unseen, &progress.table).await?;
+                continue;
+            }
             // The pipeline is stopping.
             Err(_) => return Ok(()),
         }
@@ -941,6 +994,7 @@ async fn read_one(
             rows: rows.rows,
             bytes: rows.bytes,
             progress: next.clone(),
+            snapshot: rows.snapshot,
         },
     );
     connection.emit_watermark(high).await?;
@@ -1144,6 +1198,7 @@ mod tests {
                 rows: vec![vec![Value::Int(1), Value::Int(1)]],
                 bytes: 8,
                 progress: SnapshotProgress::pending("public.t", None),
+                snapshot: Default::default(),
             },
         );
         let values = live.columns.iter().map(|_| Value::Int(5)).collect();
@@ -1180,5 +1235,63 @@ mod tests {
         let (rows, placed) = place_with_live_change(relation(&["id", "v", "note"]));
         assert_eq!(rows, 0);
         assert_eq!(placed, Placed::Lost);
+    }
+
+    /// Transaction 42 is delivered before a chunk's low watermark; the
+    /// chunk is read under `read_under`: the snapshot rows that come out
+    /// at the high watermark, and what the copier learns.
+    fn place_after_transaction_42(read_under: &str) -> (usize, Placed) {
+        let snapshots = Snapshots::new("p");
+        let read = relation(&["id", "v"]);
+        let table = SnapshotTable {
+            name: "public.t".into(),
+            oid: 9,
+            relation: read.clone(),
+            key: vec![0],
+            estimate: 1,
+            role: "r".into(),
+        };
+        let (id, low, high, mut placed) = snapshots.begin_chunk(&table);
+        let mut delivered = Batch {
+            txn: Txn::committed(42, 5),
+            changes: vec![Change::Insert {
+                relation: read.clone(),
+                new: vec![Value::Int(7), Value::Int(7)],
+            }],
+            bytes: 0,
+        };
+        snapshots.observe(&mut delivered);
+        snapshots.observe(&mut batch(10, vec![watermark(&low)]));
+        snapshots.chunk_read(
+            id,
+            Ready {
+                relation: read,
+                key: vec![0],
+                rows: vec![vec![Value::Int(1), Value::Int(1)]],
+                bytes: 8,
+                progress: SnapshotProgress::pending("public.t", None),
+                snapshot: reader::ReadSnapshot::parse(read_under).expect("a snapshot"),
+            },
+        );
+        let mut last = batch(20, vec![watermark(&high)]);
+        snapshots.observe(&mut last);
+        let rows = last
+            .changes
+            .iter()
+            .filter(|c| matches!(c, Change::Snapshot { .. }))
+            .count();
+        (rows, placed.try_recv().expect("an answer"))
+    }
+
+    #[test]
+    fn a_chunk_read_before_a_transaction_delivered_ahead_of_it_was_visible_is_read_again() {
+        let (rows, placed) = place_after_transaction_42("40:50:");
+        assert_eq!(rows, 1);
+        assert!(matches!(placed, Placed::Emitted { .. }), "{placed:?}");
+        // Committed before the low watermark, not yet visible to the read:
+        // its rows could undo transaction 42.
+        let (rows, placed) = place_after_transaction_42("40:50:42,45");
+        assert_eq!(rows, 0);
+        assert_eq!(placed, Placed::TooEarly(vec![42]));
     }
 }

@@ -4,7 +4,7 @@
 //!
 //! Owns describing a table as the stream would (columns, types, key flags)
 //! plus the key a copy walks along, reading one chunk in one short
-//! statement, and writing a watermark. It does not decide which rows of a
+//! request, and writing a watermark. It does not decide which rows of a
 //! chunk reach the sink, nor when progress is durable: the daemon's
 //! snapshot coordinator does (`host/src/daemon/snapshot.rs`).
 //!
@@ -58,6 +58,48 @@ pub(crate) struct ChunkRows {
     pub last_key: Option<Vec<String>>,
     /// Approximate size of the rows' text, in bytes.
     pub bytes: usize,
+    /// A snapshot taken just before the chunk's statement, in the same
+    /// request: the statement's own is never older, so whatever this one
+    /// sees, the rows reflect.
+    pub snapshot: ReadSnapshot,
+}
+
+/// A snapshot as `pg_current_snapshot()` writes it, `xmin:xmax:xip,...`:
+/// every transaction below `xmin` had ended, those in `xip` were running,
+/// and none from `xmax` on had started.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ReadSnapshot {
+    pub xmin: u64,
+    pub xmax: u64,
+    /// Sorted.
+    pub xip: Vec<u64>,
+}
+
+impl ReadSnapshot {
+    pub(crate) fn parse(text: &str) -> Option<ReadSnapshot> {
+        let mut parts = text.trim().splitn(3, ':');
+        let xmin = parts.next()?.parse().ok()?;
+        let xmax = parts.next()?.parse().ok()?;
+        let mut xip = parts
+            .next()?
+            .split(',')
+            .filter(|x| !x.is_empty())
+            .map(|x| x.parse().ok())
+            .collect::<Option<Vec<u64>>>()?;
+        xip.sort_unstable();
+        (xmin <= xmax).then_some(ReadSnapshot { xmin, xmax, xip })
+    }
+
+    /// Whether the snapshot sees transaction `xid` as ended (committed or
+    /// not), `xid` given as the stream gives it: the low 32 bits, taken
+    /// as the nearest full id to `xmax`.
+    pub(crate) fn sees(&self, xid: u32) -> bool {
+        let offset = i64::from(xid.wrapping_sub(self.xmax as u32) as i32);
+        let Some(full) = self.xmax.checked_add_signed(offset) else {
+            return true;
+        };
+        full < self.xmin || (full < self.xmax && self.xip.binary_search(&full).is_err())
+    }
 }
 
 /// Opens an ordinary SQL connection whose values print as the replication
@@ -304,8 +346,9 @@ fn dropped(name: &str) -> SourceError {
 }
 
 /// Reads the next chunk: at most `limit` rows whose key is above `after`
-/// (from the first row when `None`), in key order, in one statement (its
-/// own short transaction). Ordering is PostgreSQL's: the key is compared
+/// (from the first row when `None`), in key order, in one request (its
+/// own short transaction) that also gives the snapshot they were read
+/// under. Ordering is PostgreSQL's: the key is compared
 /// here only for equality. Rows are parsed as they arrive, while the server
 /// still sends the rest.
 pub(crate) async fn read_chunk(
@@ -351,6 +394,8 @@ pub(crate) async fn read_chunk(
         sql.push_str(&format!(" WHERE ({key_list}) > ({values})"));
     }
     sql.push_str(&format!(" ORDER BY {key_list} LIMIT {limit}"));
+    // One request, two statements: the snapshot, then the rows.
+    let sql = format!("SELECT pg_current_snapshot()::text; {sql}");
     let failed = |e: tokio_postgres::Error| match e.as_db_error().map(|d| d.code().code()) {
         Some("42P01") => dropped(&table.name),
         Some("42501") => unreadable(&table.name, &table.role),
@@ -363,9 +408,21 @@ pub(crate) async fn read_chunk(
         ..ChunkRows::default()
     };
     let mut last = None;
+    // Statements the server has finished: the first gives the snapshot.
+    let mut finished = 0;
+    let mut snapshot = None;
     while let Some(message) = messages.next().await {
-        let SimpleQueryMessage::Row(row) = message.map_err(failed)? else {
-            continue;
+        let row = match message.map_err(failed)? {
+            SimpleQueryMessage::Row(row) if finished == 0 => {
+                snapshot = row.try_get(0).ok().flatten().map(str::to_owned);
+                continue;
+            }
+            SimpleQueryMessage::Row(row) => row,
+            SimpleQueryMessage::CommandComplete(_) => {
+                finished += 1;
+                continue;
+            }
+            _ => continue,
         };
         let mut values = Vec::with_capacity(columns.len());
         for (i, column) in columns.iter().enumerate() {
@@ -398,8 +455,59 @@ pub(crate) async fn read_chunk(
             })?;
         chunk.last_key = Some(key);
     }
+    chunk.snapshot = snapshot
+        .as_deref()
+        .and_then(ReadSnapshot::parse)
+        .ok_or_else(|| {
+            SourceError::Protocol(format!(
+                "the server answered pg_current_snapshot() with {snapshot:?}, not a snapshot \
+                 Datum can read; connect to PostgreSQL 14 or newer"
+            ))
+        })?;
     Ok(chunk)
 }
+
+/// Waits until a new snapshot sees every transaction of `xids` (which
+/// have committed): a chunk read before then could undo them.
+pub(crate) async fn wait_seen(
+    client: &Client,
+    xids: &[u64],
+    table: &str,
+) -> Result<(), SourceError> {
+    let ids: Vec<String> = xids.iter().map(u64::to_string).collect();
+    let started = std::time::Instant::now();
+    let mut warned = false;
+    let mut pause = std::time::Duration::from_millis(5);
+    loop {
+        let row = client
+            .query_one(
+                "SELECT count(*) FROM unnest($1::text[]) AS x \
+                 WHERE NOT pg_visible_in_snapshot(x::xid8, pg_current_snapshot())",
+                &[&ids],
+            )
+            .await
+            .map_err(SourceError::Sql)?;
+        if row.col::<i64>(0)? == 0 {
+            return Ok(());
+        }
+        if !warned && started.elapsed() >= UNSEEN_WARN_AFTER {
+            warned = true;
+            tracing::warn!(
+                table,
+                transactions = ?xids,
+                "the copy waits for transactions that have committed but are not visible yet, \
+                 so that it does not undo them; a commit waiting this long usually waits for a \
+                 synchronous standby (synchronous_standby_names) that does not answer"
+            );
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(std::time::Duration::from_millis(200));
+    }
+}
+
+/// How long a copy waits for committed transactions to become visible
+/// before it says so.
+const UNSEEN_WARN_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Rows a chunk's vector is made for at once (a larger chunk grows it).
 const ROWS_RESERVED: usize = 16_384;

@@ -1010,6 +1010,199 @@ async fn copy_beside_live_writers(order: &str) -> usize {
     passed.len()
 }
 
+/// Makes the commits of sessions that ask for it (`synchronous_commit =
+/// on`) wait for a synchronous standby, `ghost`, that never connects;
+/// every other session commits locally.
+async fn with_a_standby_that_never_answers(pg: &datum_tests::Cluster) {
+    let admin = connect(&pg.conninfo("postgres")).await;
+    for statement in [
+        "ALTER SYSTEM SET synchronous_standby_names = 'ghost'",
+        "ALTER SYSTEM SET synchronous_commit = 'local'",
+        "SELECT pg_reload_conf()",
+    ] {
+        admin.batch_execute(statement).await.expect(statement);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let fresh = connect(&pg.conninfo("postgres")).await;
+        if rows(&fresh, "SHOW synchronous_standby_names").await == ["ghost"] {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the configuration was not reloaded"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A transaction whose commit waits for the standby that never answers:
+/// its commit record is in the WAL, and the stream delivers it, but other
+/// sessions do not see it until it is released.
+struct Stalled {
+    pid: i32,
+    done: tokio::task::JoinHandle<()>,
+}
+
+impl Stalled {
+    async fn start(url: &str, statement: &'static str) -> Stalled {
+        let client = connect(url).await;
+        let pid: i32 = client
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .expect("pid")
+            .get(0);
+        client
+            .batch_execute("SET synchronous_commit = on")
+            .await
+            .expect("synchronous_commit");
+        let done = tokio::spawn(async move {
+            client.batch_execute(statement).await.expect(statement);
+        });
+        Stalled { pid, done }
+    }
+
+    /// Cancels the wait: the transaction, committed all along, becomes
+    /// visible.
+    async fn release(self, admin: &tokio_postgres::Client) {
+        admin
+            .execute("SELECT pg_cancel_backend($1)", &[&self.pid])
+            .await
+            .expect("cancel");
+        self.done.await.expect("the stalled statement");
+    }
+}
+
+/// The state of `table` in the status of pipeline `p` once its copy is
+/// done or its rows have not moved for two seconds (30 s at most).
+async fn copy_done_or_waiting(port: u16, table: &str) -> Json {
+    let entry = |entries: Vec<Json>| {
+        entries
+            .into_iter()
+            .find(|e| e["table"] == table)
+            .unwrap_or(Json::Null)
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = entry(snapshots(port).await);
+    let mut since = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = entry(snapshots(port).await);
+        if now["state"] == "done" || Instant::now() > deadline {
+            return now;
+        }
+        if now["rows"] != last["rows"] || now["state"] != last["state"] {
+            since = Instant::now();
+        } else if since.elapsed() >= Duration::from_secs(2) {
+            return now;
+        }
+        last = now;
+    }
+}
+
+/// A delete committed before a backfill starts but not yet visible (its
+/// commit waits for a synchronous standby): the stream delivers it, and the
+/// copy, which would read the row still there and bring it back, waits
+/// until the delete is visible. A chunk read too early used to undo it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_committed_but_not_yet_visible_when_a_backfill_starts_is_not_undone_by_it() {
+    let pg = cluster();
+    let (src, dst) = two_databases(&pg).await;
+    for db in [&src, &dst] {
+        db.batch_execute(
+            "CREATE TABLE a (id int PRIMARY KEY, v text);
+             INSERT INTO a SELECT g, 'a' || g FROM generate_series(1, 100) g",
+        )
+        .await
+        .expect("tables");
+    }
+    with_a_standby_that_never_answers(&pg).await;
+    let (host, port, _dir) = start(
+        &pg,
+        "snapshot-unseen-before",
+        &["public.a"],
+        "[pipeline.snapshot]\nmode = \"never\"\nchunk_size = 10\n",
+    );
+    wait_running(port, &host).await;
+    let stalled = Stalled::start(&pg.conninfo("src"), "DELETE FROM a WHERE id = 7").await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !rows(&dst, "SELECT id FROM a WHERE id = 7").await.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the stream did not deliver the delete\n{}",
+            host.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        rows(&src, "SELECT id FROM a WHERE id = 7").await.len(),
+        1,
+        "the delete is not visible in the source yet"
+    );
+
+    let (code, body) = post_backfill(port, serde_json::json!({"tables": ["a"]})).await;
+    assert_eq!(code, 202, "{body}");
+    let waiting = copy_done_or_waiting(port, "public.a").await;
+    assert!(
+        rows(&dst, "SELECT id FROM a WHERE id = 7").await.is_empty(),
+        "the copy brought back the row the delete removed: {waiting}"
+    );
+    assert_ne!(
+        waiting["state"], "done",
+        "the copy ran while a committed delete was not visible: {waiting}"
+    );
+    stalled
+        .release(&connect(&pg.conninfo("postgres")).await)
+        .await;
+    wait_done(port, &host, &["public.a"], 60).await;
+    wait_equal(&src, &dst, "SELECT * FROM a ORDER BY id", &host, 30).await;
+}
+
+/// The same, the delete committed while the copy runs: every chunk read
+/// before the delete is visible is read again, so the deleted row, still
+/// ahead of the copy, never comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_committed_but_not_yet_visible_during_a_copy_is_not_undone_by_its_chunks() {
+    let pg = cluster();
+    let (src, dst) = two_databases(&pg).await;
+    for db in [&src, &dst] {
+        db.batch_execute("CREATE TABLE b (id int PRIMARY KEY, v text)")
+            .await
+            .expect("tables");
+    }
+    src.batch_execute("INSERT INTO b SELECT g, 'b' || g FROM generate_series(1, 20000) g")
+        .await
+        .expect("rows");
+    with_a_standby_that_never_answers(&pg).await;
+    let (host, port, _dir) = start(
+        &pg,
+        "snapshot-unseen-during",
+        &["public.b"],
+        "[pipeline.snapshot]\nmode = \"never\"\nchunk_size = 20\n",
+    );
+    wait_running(port, &host).await;
+    let (code, body) = post_backfill(port, serde_json::json!({"tables": ["b"]})).await;
+    assert_eq!(code, 202, "{body}");
+    wait_copying(port, &host, &["public.b"]).await;
+    let stalled = Stalled::start(&pg.conninfo("src"), "DELETE FROM b WHERE id = 20000").await;
+    let waiting = copy_done_or_waiting(port, "public.b").await;
+    assert!(
+        rows(&dst, "SELECT id FROM b WHERE id = 20000")
+            .await
+            .is_empty(),
+        "the copy brought back the row the delete removed: {waiting}"
+    );
+    assert_ne!(
+        waiting["state"], "done",
+        "the copy went on while a committed delete was not visible: {waiting}"
+    );
+    stalled
+        .release(&connect(&pg.conninfo("postgres")).await)
+        .await;
+    wait_done(port, &host, &["public.b"], 60).await;
+    wait_equal(&src, &dst, "SELECT * FROM b ORDER BY id", &host, 30).await;
+}
+
 /// Errors a copy meets on the way: a table dropped during its copy fails
 /// with an error that says what happened and what to do, and the pipeline
 /// goes on; a table truncated during its copy ends equal to the source.
