@@ -1179,15 +1179,7 @@ mod tests {
     fn place_with_live_change(live: Arc<Relation>) -> (usize, Placed) {
         let snapshots = Snapshots::new("p");
         let read = relation(&["id", "v"]);
-        let table = SnapshotTable {
-            name: "public.t".into(),
-            oid: 9,
-            relation: read.clone(),
-            key: vec![0],
-            estimate: 1,
-            role: "r".into(),
-        };
-        let (id, low, high, mut placed) = snapshots.begin_chunk(&table);
+        let (id, low, high, mut placed) = snapshots.begin_chunk(&table_t(&read));
         let mut first = batch(10, vec![watermark(&low)]);
         snapshots.observe(&mut first);
         snapshots.chunk_read(
@@ -1213,12 +1205,28 @@ mod tests {
             ],
         );
         snapshots.observe(&mut last);
-        let rows = last
+        (copied(&last), placed.try_recv().expect("an answer"))
+    }
+
+    /// Table `public.t` as a copy reads it, with columns `read`.
+    fn table_t(read: &Arc<Relation>) -> SnapshotTable {
+        SnapshotTable {
+            name: "public.t".into(),
+            oid: 9,
+            relation: read.clone(),
+            key: vec![0],
+            estimate: 1,
+            role: "r".into(),
+        }
+    }
+
+    /// The copied rows `batch` carries.
+    fn copied(batch: &Batch) -> usize {
+        batch
             .changes
             .iter()
             .filter(|c| matches!(c, Change::Snapshot { .. }))
-            .count();
-        (rows, placed.try_recv().expect("an answer"))
+            .count()
     }
 
     #[test]
@@ -1243,15 +1251,7 @@ mod tests {
     fn place_after_transaction_42(read_under: &str) -> (usize, Placed) {
         let snapshots = Snapshots::new("p");
         let read = relation(&["id", "v"]);
-        let table = SnapshotTable {
-            name: "public.t".into(),
-            oid: 9,
-            relation: read.clone(),
-            key: vec![0],
-            estimate: 1,
-            role: "r".into(),
-        };
-        let (id, low, high, mut placed) = snapshots.begin_chunk(&table);
+        let (id, low, high, mut placed) = snapshots.begin_chunk(&table_t(&read));
         let mut delivered = Batch {
             txn: Txn::committed(42, 5),
             changes: vec![Change::Insert {
@@ -1275,12 +1275,7 @@ mod tests {
         );
         let mut last = batch(20, vec![watermark(&high)]);
         snapshots.observe(&mut last);
-        let rows = last
-            .changes
-            .iter()
-            .filter(|c| matches!(c, Change::Snapshot { .. }))
-            .count();
-        (rows, placed.try_recv().expect("an answer"))
+        (copied(&last), placed.try_recv().expect("an answer"))
     }
 
     #[test]

@@ -29,7 +29,7 @@ use crate::source::snapshot::ReadSnapshot;
 /// after its commit (a synchronous standby that has not answered since)
 /// goes unnoticed, as does one the stream delivered before the pipeline
 /// started.
-pub(crate) const KEPT: u64 = 131_072;
+pub(crate) const KEPT: u64 = 65_536;
 
 #[derive(Debug, Default)]
 pub(crate) struct Delivered {

@@ -1142,20 +1142,47 @@ async fn a_delete_committed_but_not_yet_visible_when_a_backfill_starts_is_not_un
 
     let (code, body) = post_backfill(port, serde_json::json!({"tables": ["a"]})).await;
     assert_eq!(code, 202, "{body}");
-    let waiting = copy_done_or_waiting(port, "public.a").await;
-    assert!(
-        rows(&dst, "SELECT id FROM a WHERE id = 7").await.is_empty(),
-        "the copy brought back the row the delete removed: {waiting}"
-    );
-    assert_ne!(
-        waiting["state"], "done",
-        "the copy ran while a committed delete was not visible: {waiting}"
-    );
-    stalled
-        .release(&connect(&pg.conninfo("postgres")).await)
-        .await;
-    wait_done(port, &host, &["public.a"], 60).await;
-    wait_equal(&src, &dst, "SELECT * FROM a ORDER BY id", &host, 30).await;
+    let copy = Copy {
+        pg: &pg,
+        src: &src,
+        dst: &dst,
+        host: &host,
+        port,
+    };
+    copy.waits_for(stalled, "a", 7).await;
+}
+
+/// A copy on pipeline `p` from `src` into the postgres sink `dst`.
+struct Copy<'a> {
+    pg: &'a datum_tests::Cluster,
+    src: &'a tokio_postgres::Client,
+    dst: &'a tokio_postgres::Client,
+    host: &'a Host,
+    port: u16,
+}
+
+impl Copy<'_> {
+    /// `stalled` deletes row `id` of `table`: the copy waits without
+    /// bringing the row back, then, the delete released, ends with the
+    /// sink equal to the source.
+    async fn waits_for(&self, stalled: Stalled, table: &str, id: i32) {
+        let waiting = copy_done_or_waiting(self.port, &format!("public.{table}")).await;
+        let deleted = format!("SELECT id FROM {table} WHERE id = {id}");
+        assert!(
+            rows(self.dst, &deleted).await.is_empty(),
+            "the copy brought back the row the delete removed: {waiting}"
+        );
+        assert_ne!(
+            waiting["state"], "done",
+            "the copy went on while a committed delete was not visible: {waiting}"
+        );
+        stalled
+            .release(&connect(&self.pg.conninfo("postgres")).await)
+            .await;
+        wait_done(self.port, self.host, &[&format!("public.{table}")], 60).await;
+        let all = format!("SELECT * FROM {table} ORDER BY id");
+        wait_equal(self.src, self.dst, &all, self.host, 30).await;
+    }
 }
 
 /// The same, the delete committed while the copy runs: every chunk read
@@ -1185,22 +1212,14 @@ async fn a_delete_committed_but_not_yet_visible_during_a_copy_is_not_undone_by_i
     assert_eq!(code, 202, "{body}");
     wait_copying(port, &host, &["public.b"]).await;
     let stalled = Stalled::start(&pg.conninfo("src"), "DELETE FROM b WHERE id = 20000").await;
-    let waiting = copy_done_or_waiting(port, "public.b").await;
-    assert!(
-        rows(&dst, "SELECT id FROM b WHERE id = 20000")
-            .await
-            .is_empty(),
-        "the copy brought back the row the delete removed: {waiting}"
-    );
-    assert_ne!(
-        waiting["state"], "done",
-        "the copy went on while a committed delete was not visible: {waiting}"
-    );
-    stalled
-        .release(&connect(&pg.conninfo("postgres")).await)
-        .await;
-    wait_done(port, &host, &["public.b"], 60).await;
-    wait_equal(&src, &dst, "SELECT * FROM b ORDER BY id", &host, 30).await;
+    let copy = Copy {
+        pg: &pg,
+        src: &src,
+        dst: &dst,
+        host: &host,
+        port,
+    };
+    copy.waits_for(stalled, "b", 20000).await;
 }
 
 /// Errors a copy meets on the way: a table dropped during its copy fails
