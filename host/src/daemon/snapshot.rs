@@ -1182,17 +1182,7 @@ mod tests {
         let (id, low, high, mut placed) = snapshots.begin_chunk(&table_t(&read));
         let mut first = batch(10, vec![watermark(&low)]);
         snapshots.observe(&mut first);
-        snapshots.chunk_read(
-            id,
-            Ready {
-                relation: read,
-                key: vec![0],
-                rows: vec![vec![Value::Int(1), Value::Int(1)]],
-                bytes: 8,
-                progress: SnapshotProgress::pending("public.t", None),
-                snapshot: Default::default(),
-            },
-        );
+        snapshots.chunk_read(id, row_1(read, Default::default()));
         let values = live.columns.iter().map(|_| Value::Int(5)).collect();
         let mut last = batch(
             20,
@@ -1217,6 +1207,18 @@ mod tests {
             key: vec![0],
             estimate: 1,
             role: "r".into(),
+        }
+    }
+
+    /// A chunk of `t` read with columns `read` under `snapshot`: row 1.
+    fn row_1(read: Arc<Relation>, snapshot: reader::ReadSnapshot) -> Ready {
+        Ready {
+            relation: read,
+            key: vec![0],
+            rows: vec![vec![Value::Int(1), Value::Int(1)]],
+            bytes: 8,
+            progress: SnapshotProgress::pending("public.t", None),
+            snapshot,
         }
     }
 
@@ -1262,17 +1264,8 @@ mod tests {
         };
         snapshots.observe(&mut delivered);
         snapshots.observe(&mut batch(10, vec![watermark(&low)]));
-        snapshots.chunk_read(
-            id,
-            Ready {
-                relation: read,
-                key: vec![0],
-                rows: vec![vec![Value::Int(1), Value::Int(1)]],
-                bytes: 8,
-                progress: SnapshotProgress::pending("public.t", None),
-                snapshot: reader::ReadSnapshot::parse(read_under).expect("a snapshot"),
-            },
-        );
+        let snapshot = reader::ReadSnapshot::parse(read_under).expect("a snapshot");
+        snapshots.chunk_read(id, row_1(read, snapshot));
         let mut last = batch(20, vec![watermark(&high)]);
         snapshots.observe(&mut last);
         (copied(&last), placed.try_recv().expect("an answer"))

@@ -1010,6 +1010,25 @@ async fn copy_beside_live_writers(order: &str) -> usize {
     passed.len()
 }
 
+/// Pipeline `p` streaming `public.{table}` (nothing copied until a
+/// backfill, chunks of `chunk_size` rows), after
+/// [`with_a_standby_that_never_answers`].
+async fn streaming_beside_a_standby_that_never_answers(
+    pg: &datum_tests::Cluster,
+    table: &str,
+    chunk_size: usize,
+) -> (Host, u16) {
+    with_a_standby_that_never_answers(pg).await;
+    let (host, port, _dir) = start(
+        pg,
+        &format!("snapshot-unseen-{table}"),
+        &[&format!("public.{table}")],
+        &format!("[pipeline.snapshot]\nmode = \"never\"\nchunk_size = {chunk_size}\n"),
+    );
+    wait_running(port, &host).await;
+    (host, port)
+}
+
 /// Makes the commits of sessions that ask for it (`synchronous_commit =
 /// on`) wait for a synchronous standby, `ghost`, that never connects;
 /// every other session commits locally.
@@ -1116,14 +1135,7 @@ async fn a_delete_committed_but_not_yet_visible_when_a_backfill_starts_is_not_un
         .await
         .expect("tables");
     }
-    with_a_standby_that_never_answers(&pg).await;
-    let (host, port, _dir) = start(
-        &pg,
-        "snapshot-unseen-before",
-        &["public.a"],
-        "[pipeline.snapshot]\nmode = \"never\"\nchunk_size = 10\n",
-    );
-    wait_running(port, &host).await;
+    let (host, port) = streaming_beside_a_standby_that_never_answers(&pg, "a", 10).await;
     let stalled = Stalled::start(&pg.conninfo("src"), "DELETE FROM a WHERE id = 7").await;
     let deadline = Instant::now() + Duration::from_secs(30);
     while !rows(&dst, "SELECT id FROM a WHERE id = 7").await.is_empty() {
@@ -1200,14 +1212,7 @@ async fn a_delete_committed_but_not_yet_visible_during_a_copy_is_not_undone_by_i
     src.batch_execute("INSERT INTO b SELECT g, 'b' || g FROM generate_series(1, 20000) g")
         .await
         .expect("rows");
-    with_a_standby_that_never_answers(&pg).await;
-    let (host, port, _dir) = start(
-        &pg,
-        "snapshot-unseen-during",
-        &["public.b"],
-        "[pipeline.snapshot]\nmode = \"never\"\nchunk_size = 20\n",
-    );
-    wait_running(port, &host).await;
+    let (host, port) = streaming_beside_a_standby_that_never_answers(&pg, "b", 20).await;
     let (code, body) = post_backfill(port, serde_json::json!({"tables": ["b"]})).await;
     assert_eq!(code, 202, "{body}");
     wait_copying(port, &host, &["public.b"]).await;
