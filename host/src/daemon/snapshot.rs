@@ -124,8 +124,7 @@ struct Inner {
 impl Inner {
     /// Forgets the delivered transactions no pending chunk can miss.
     fn forget_seen(&mut self) {
-        let pending: Vec<u64> = self.chunks.keys().copied().collect();
-        self.delivered.forget_seen(&pending);
+        self.delivered.forget_seen(self.chunks.keys().copied());
     }
 }
 

@@ -97,13 +97,13 @@ impl Delivered {
 
     /// Forgets the ids every snapshot still to be checked sees, by each
     /// snapshot no pending chunk (`pending`, their ids) may be older than.
-    pub(crate) fn forget_seen(&mut self, pending: &[u64]) {
+    pub(crate) fn forget_seen(&mut self, pending: impl Iterator<Item = u64> + Clone) {
         let mut i = 0;
         while i < self.forget.len() {
             let f = &self.forget[i];
             let older_pending = pending
-                .iter()
-                .any(|id| *id < f.registered_from && *id != f.chunk);
+                .clone()
+                .any(|id| id < f.registered_from && id != f.chunk);
             if older_pending {
                 i += 1;
                 continue;
@@ -171,9 +171,9 @@ mod tests {
         // Chunk 1 read under a snapshot that sees 104 only, while chunk 0
         // (registered before the read ended) is pending.
         d.read(1, 2, snapshot("103:106:103,105"));
-        d.forget_seen(&[0, 1]);
+        d.forget_seen([0, 1].into_iter());
         assert_eq!(d.kept(), 3, "chunk 0 may have read under an older one");
-        d.forget_seen(&[1, 2]);
+        d.forget_seen([1, 2].into_iter());
         assert_eq!(d.kept(), 2, "104 forgotten");
     }
 

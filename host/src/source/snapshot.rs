@@ -24,6 +24,7 @@ use super::{RowColumns, SourceError};
 use crate::event::values::{self, TypeKind};
 use crate::event::{Column, Relation, ReplicaIdentity};
 use crate::pg::{self, ConnInfo, quote_ident, quote_literal};
+use crate::retry::Backoff;
 
 /// The prefix of the logical messages that carry watermarks.
 pub(crate) const WATERMARK_PREFIX: &str = "datum.snapshot";
@@ -477,7 +478,10 @@ pub(crate) async fn wait_seen(
     let ids: Vec<String> = xids.iter().map(u64::to_string).collect();
     let started = std::time::Instant::now();
     let mut warned = false;
-    let mut pause = std::time::Duration::from_millis(5);
+    let mut pause = Backoff::new(
+        std::time::Duration::from_millis(5),
+        std::time::Duration::from_millis(200),
+    );
     loop {
         let row = client
             .query_one(
@@ -500,8 +504,7 @@ pub(crate) async fn wait_seen(
                  synchronous standby (synchronous_standby_names) that does not answer"
             );
         }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(std::time::Duration::from_millis(200));
+        tokio::time::sleep(pause.next_wait()).await;
     }
 }
 
