@@ -12,9 +12,9 @@
 //! are streamed, never the whole result in memory) through the same
 //! decoder and assembler. Each call moves the copy past what it returned,
 //! so the next window can be asked for at once, on a thread of its own:
-//! the server decodes it while the source still assembles the last. The pipeline's own slot
-//! moves with `pg_replication_slot_advance`, only to what is durably
-//! checkpointed. Once within half the threshold, or when a window comes
+//! the server decodes it while the source still assembles the last. The
+//! pipeline's own slot moves with `pg_replication_slot_advance`, only to
+//! what is durably checkpointed. Once within half the threshold, or when a window comes
 //! back empty, the source streams again from the checkpoint.
 //!
 //! The delivery contract is the streaming path's (`docs/architecture.md`,
