@@ -525,8 +525,17 @@ pub(crate) struct CopyConnection {
 
 impl CopyConnection {
     /// Opens it as [`connect`] does and prepares its statements.
+    ///
+    /// Its commits (the watermarks, which carry no data) wait for the local
+    /// WAL flush only, never for synchronous standbys: the stream sends
+    /// what is flushed locally, so waiting for a standby would only add its
+    /// round trip to every chunk, and stall the copy while it is down.
     pub(crate) async fn open(info: &ConnInfo) -> Result<CopyConnection, SourceError> {
         let client = connect(info).await?;
+        client
+            .batch_execute("SET synchronous_commit = local")
+            .await
+            .map_err(SourceError::Sql)?;
         Ok(CopyConnection {
             watermark: client
                 .prepare("SELECT pg_logical_emit_message(true, $1::text, $2::text)")

@@ -1227,6 +1227,44 @@ async fn a_delete_committed_but_not_yet_visible_during_a_copy_is_not_undone_by_i
     copy.waits_for(stalled, "b", 20000).await;
 }
 
+/// A synchronous standby that does not answer holds every commit that
+/// waits for it, but not a copy: its watermarks carry no data and commit
+/// once flushed locally, so the copy neither stalls while the standby is
+/// down nor pays its round trip twice a chunk. With the server's default
+/// (`synchronous_commit = on`) the first watermark used to wait for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_is_not_held_by_a_synchronous_standby_that_does_not_answer() {
+    let pg = cluster();
+    let (src, dst) = two_databases(&pg).await;
+    for db in [&src, &dst] {
+        db.batch_execute("CREATE TABLE c (id int PRIMARY KEY, v text)")
+            .await
+            .expect("tables");
+    }
+    src.batch_execute("INSERT INTO c SELECT g, 'c' || g FROM generate_series(1, 1000) g")
+        .await
+        .expect("rows");
+    let (host, port) = streaming_beside_a_standby_that_never_answers(&pg, "c", 100).await;
+    // From here every new session of `src` waits for the standby to commit,
+    // as on a server whose standby is down.
+    src.batch_execute("ALTER DATABASE src SET synchronous_commit = on")
+        .await
+        .expect("synchronous_commit for src");
+    assert_eq!(
+        rows(
+            &connect(&pg.conninfo("src")).await,
+            "SHOW synchronous_commit"
+        )
+        .await,
+        ["on"]
+    );
+
+    let (code, body) = post_backfill(port, serde_json::json!({"tables": ["c"]})).await;
+    assert_eq!(code, 202, "{body}");
+    wait_done(port, &host, &["public.c"], 30).await;
+    wait_equal(&src, &dst, "SELECT * FROM c ORDER BY id", &host, 30).await;
+}
+
 /// Errors a copy meets on the way: a table dropped during its copy fails
 /// with an error that says what happened and what to do, and the pipeline
 /// goes on; a table truncated during its copy ends equal to the source.
