@@ -74,6 +74,10 @@ pub enum Command {
         /// cannot install the event trigger.
         #[arg(long)]
         capture_ddl: bool,
+        /// The pipeline may catch up through SQL (source.catch_up): warn
+        /// unless a replication slot is left for its temporary copy.
+        #[arg(long)]
+        catch_up: bool,
     },
     /// Run a transform module on golden fixtures: each NAME.input.json
     /// batch in FIXTURES, compared with NAME.expected.json. Prints a diff per

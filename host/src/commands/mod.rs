@@ -116,6 +116,7 @@ pub fn dispatch(command: cli::Command) -> Result<Outcome, CommandError> {
             slot,
             tables,
             capture_ddl,
+            catch_up,
         } => check::command(
             &url,
             &crate::source::check::Target {
@@ -123,6 +124,7 @@ pub fn dispatch(command: cli::Command) -> Result<Outcome, CommandError> {
                 slot,
                 tables,
                 capture_ddl,
+                catch_up,
             },
         ),
         cli::Command::Test {

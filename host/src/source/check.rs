@@ -117,6 +117,10 @@ pub struct Target {
     /// The pipeline captures DDL (`source.capture_ddl`): a role that cannot
     /// install its event trigger fails the check.
     pub capture_ddl: bool,
+    /// The pipeline may drain through SQL (`source.catch_up`), which needs
+    /// a replication slot beside the pipeline's for a temporary copy of it:
+    /// the check warns when none would be free.
+    pub catch_up: bool,
 }
 
 /// A table's identity in the catalog.
@@ -247,7 +251,7 @@ pub(crate) async fn run_with_slot(
             .map_err(SourceError::Sql)?
             .col(0)?;
         check_slot(slot, &database, slot_state, &mut report);
-        check_capacity(client, slot_state, &mut report).await?;
+        check_capacity(client, slot_state, target.catch_up, &mut report).await?;
     }
     Ok(report)
 }
@@ -603,6 +607,7 @@ pub(crate) fn quoted_table(qualified: &str) -> String {
 async fn check_capacity(
     client: &Client,
     slot: Option<&SlotState>,
+    catch_up: bool,
     report: &mut Report,
 ) -> Result<(), SourceError> {
     let slot_exists = slot.is_some();
@@ -641,6 +646,9 @@ async fn check_capacity(
             ),
         );
     }
+    if catch_up {
+        check_catch_up_slot(max_slots, slots + i64::from(!slot_exists), report);
+    }
     if senders < max_senders {
         report.pass(
             "walsenders",
@@ -658,6 +666,37 @@ async fn check_capacity(
         );
     }
     Ok(())
+}
+
+/// A catch-up copies the pipeline's slot while it drains (the copy lives
+/// as long as the catch-up): with no slot free once the pipeline's own
+/// exists, the server refuses the copy and the pipeline streams instead.
+fn check_catch_up_slot(max_slots: i64, with_pipelines: i64, report: &mut Report) {
+    let requirement = "slot for a catch-up";
+    if with_pipelines < max_slots {
+        report.pass(
+            requirement,
+            format!(
+                "{} of max_replication_slots = {max_slots} free for the temporary copy \
+                 source.catch_up makes",
+                max_slots - with_pipelines
+            ),
+        );
+    } else {
+        report.warn(
+            requirement,
+            format!(
+                "none of max_replication_slots = {max_slots} is left beside the pipeline's \
+                 own: source.catch_up needs one for a temporary copy of the slot, and \
+                 without it the pipeline streams instead of catching up"
+            ),
+            format!(
+                "run `ALTER SYSTEM SET max_replication_slots = {}` and restart PostgreSQL, \
+                 or drop a slot nothing uses",
+                with_pipelines + 1
+            ),
+        );
+    }
 }
 
 fn check_slot(slot: &str, database: &str, state: Option<&SlotState>, report: &mut Report) {

@@ -340,6 +340,7 @@ pub async fn prepare(
         slot: Some(config.slot.clone()),
         tables: config.tables.clone(),
         capture_ddl: config.capture_ddl,
+        catch_up: config.catch_up.is_some(),
     };
     // A slot about to be recreated is checked as the new one it will be.
     let checked = match &plan {
@@ -522,6 +523,7 @@ async fn ensure_publication(client: &Client, config: &SourceConfig) -> Result<bo
                 slot: None,
                 tables: config.tables.clone(),
                 capture_ddl: false,
+                catch_up: false,
             };
             check::run(client, &target).await?.into_result()?;
         }

@@ -796,6 +796,71 @@ async fn check_tests_what_run_needs_to_create_the_publication_and_copy_rows() {
     }
 }
 
+/// A catch-up (`source.catch_up`) copies the pipeline's slot while it
+/// drains, so it needs a slot beside the pipeline's own. `check
+/// --catch-up` warns when none will be left, counting the pipeline's slot
+/// whether it exists yet or not, and says what to raise.
+#[tokio::test]
+async fn check_warns_when_no_slot_is_left_for_a_catch_up() {
+    let pg = pg_throwaway::Cluster::builder()
+        .setting("wal_level", "logical")
+        .setting("max_replication_slots", "2")
+        .start()
+        .expect("cluster");
+    let client = connect(&pg.conninfo("postgres")).await;
+    sql(&client, &["CREATE TABLE t (id int PRIMARY KEY)"]).await;
+    let check = |catch_up: bool| {
+        let url = pg.conninfo("postgres");
+        async move {
+            let target = datum::CheckTarget {
+                slot: Some("slot".into()),
+                tables: vec!["t".into()],
+                catch_up,
+                ..Default::default()
+            };
+            datum::check_source(&url, &target)
+                .await
+                .expect("report")
+                .to_string()
+        }
+    };
+    let free = "[pass] slot for a catch-up: 1 of max_replication_slots = 2 free";
+    let none_left = "[warn] slot for a catch-up: none of max_replication_slots = 2 is left";
+    // Neither slot exists: one for the pipeline, one for the copy.
+    let report = check(true).await;
+    assert!(report.contains(free), "{report}");
+    assert!(
+        !check(false).await.contains("catch-up"),
+        "asked only with the flag"
+    );
+    // Another slot takes one: the pipeline's would take the last.
+    sql(
+        &client,
+        &["SELECT pg_create_logical_replication_slot('other', 'pgoutput')"],
+    )
+    .await;
+    let report = check(true).await;
+    assert!(
+        report.contains(none_left) && report.contains("ALTER SYSTEM SET max_replication_slots = 3"),
+        "{report}"
+    );
+    assert!(
+        report.contains("[pass] replication slots: 1 of max_replication_slots = 2"),
+        "the pipeline's own slot still fits: {report}"
+    );
+    // The pipeline's slot exists: it counts once.
+    sql(
+        &client,
+        &[
+            "SELECT pg_drop_replication_slot('other')",
+            "SELECT pg_create_logical_replication_slot('slot', 'pgoutput')",
+        ],
+    )
+    .await;
+    let report = check(true).await;
+    assert!(report.contains(free), "{report}");
+}
+
 #[tokio::test]
 async fn transactions_from_a_replication_origin_stream_normally() {
     let pg = cluster();
