@@ -385,6 +385,9 @@ pub struct SnapshotSpec {
     pub chunk_size: Option<Count>,
     /// Tables copied at once.
     pub parallel_tables: Option<Count>,
+    /// Rows the pipeline's copies read per second at most, together; no
+    /// limit when absent.
+    pub max_rows_per_second: Option<Count>,
     /// `table` (the default): live changes of other tables pass a copy's
     /// rows; `commit`: everything in commit order.
     #[serde(default)]

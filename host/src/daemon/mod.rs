@@ -17,6 +17,7 @@ pub(crate) mod commit;
 pub(crate) mod feedback;
 pub(crate) mod hotswap;
 pub(crate) mod leader;
+pub(crate) mod pace;
 pub(crate) mod pipeline;
 pub(crate) mod prepare;
 pub(crate) mod snapshot;

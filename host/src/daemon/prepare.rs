@@ -186,6 +186,7 @@ async fn prepare_pipeline(
             .snapshot
             .parallel_tables
             .map_or(crate::config::DEFAULT_PARALLEL_TABLES, |c| c.0),
+        max_rows_per_second: spec.snapshot.max_rows_per_second.map(|c| c.0 as u64),
         order: spec.snapshot.order,
     };
     match &spec.sink {

@@ -33,6 +33,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::checkpoint::{ALL_TABLES, SnapshotProgress, Store, TableState, now_micros};
 use crate::config::{SnapshotMode, SnapshotOrder};
+use crate::daemon::pace::Pace;
 use crate::daemon::visibility::Delivered;
 use crate::event::{Batch, Change, Lsn, Relation};
 use crate::retry::Backoff;
@@ -49,6 +50,9 @@ pub struct SnapshotPolicy {
     pub chunk_rows: usize,
     /// Tables copied at once.
     pub parallel_tables: usize,
+    /// Rows all copies read per second at most, on average; `None` for no
+    /// limit.
+    pub max_rows_per_second: Option<u64>,
     /// Whether live changes of other tables pass a copy's rows.
     pub order: SnapshotOrder,
 }
@@ -59,6 +63,7 @@ impl Default for SnapshotPolicy {
             mode: SnapshotMode::Initial,
             chunk_rows: crate::config::DEFAULT_CHUNK_ROWS,
             parallel_tables: crate::config::DEFAULT_PARALLEL_TABLES,
+            max_rows_per_second: None,
             order: SnapshotOrder::Table,
         }
     }
@@ -614,8 +619,9 @@ pub(crate) async fn run(
         }
     };
     if !todo.is_empty() {
-        tracing::info!(pipeline = %name, tables = todo.len(), parallel = policy.parallel_tables, "snapshot: copying tables");
+        tracing::info!(pipeline = %name, tables = todo.len(), parallel = policy.parallel_tables, max_rows_per_second = ?policy.max_rows_per_second, "snapshot: copying tables");
     }
+    let pace = Arc::new(Pace::new(policy.max_rows_per_second));
     let mut queue: VecDeque<SnapshotProgress> = VecDeque::new();
     for progress in todo {
         snapshots.watch(&progress);
@@ -631,6 +637,7 @@ pub(crate) async fn run(
                 snapshots.clone(),
                 source.clone(),
                 policy,
+                pace.clone(),
                 progress,
             ));
         }
@@ -797,12 +804,13 @@ async fn copy_table(
     snapshots: Arc<Snapshots>,
     source: SourceConfig,
     policy: SnapshotPolicy,
+    pace: Arc<Pace>,
     mut progress: SnapshotProgress,
 ) -> (SnapshotProgress, Result<(), SourceError>) {
     let mut backoff = Backoff::new(source.reconnect_initial, source.reconnect_max);
     snapshots.set_live(&progress.table, |live| live.state = TableState::Copying);
     loop {
-        match copy_chunks(&snapshots, &source, policy, &mut progress).await {
+        match copy_chunks(&snapshots, &source, policy, &pace, &mut progress).await {
             Ok(()) => return (progress, Ok(())),
             Err(err) if err.is_transient() => {
                 let wait = backoff.next_wait();
@@ -835,6 +843,7 @@ async fn copy_chunks(
     snapshots: &Snapshots,
     source: &SourceConfig,
     policy: SnapshotPolicy,
+    pace: &Pace,
     progress: &mut SnapshotProgress,
 ) -> Result<(), SourceError> {
     let connection = reader::CopyConnection::open(&source.conninfo).await?;
@@ -868,6 +877,7 @@ async fn copy_chunks(
             continue;
         }
         if read.state != TableState::Done && in_flight.len() + placed_at.len() < CHUNKS_IN_FLIGHT {
+            pace.wait(limit).await;
             let (table, at) = match described.take() {
                 Some((table, at)) if at.elapsed() < DESCRIBE_EVERY => (table, at),
                 _ => {

@@ -1227,6 +1227,51 @@ async fn a_delete_committed_but_not_yet_visible_during_a_copy_is_not_undone_by_i
     copy.waits_for(stalled, "b", 20000).await;
 }
 
+/// `max_rows_per_second` paces a pipeline's copies, all tables together:
+/// two tables of 2,000 rows in chunks of 500 at 2,000 rows/s make eight
+/// chunks of rows, each with a quarter of a second of its own, so the last
+/// cannot start before 1.75 s (without the limit the copy took 0.25 s
+/// here). The rows all arrive, as without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_rows_per_second_paces_the_copies_of_all_tables_together() {
+    let pg = cluster();
+    let (src, dst) = two_databases(&pg).await;
+    for db in [&src, &dst] {
+        db.batch_execute(
+            "CREATE TABLE p1 (id int PRIMARY KEY, v text);
+             CREATE TABLE p2 (id int PRIMARY KEY, v text)",
+        )
+        .await
+        .expect("tables");
+    }
+    src.batch_execute(
+        "INSERT INTO p1 SELECT g, 'a' || g FROM generate_series(1, 2000) g;
+         INSERT INTO p2 SELECT g, 'b' || g FROM generate_series(1, 2000) g",
+    )
+    .await
+    .expect("rows");
+    let (host, port, _dir) = start(
+        &pg,
+        "snapshot-paced",
+        &["public.p1", "public.p2"],
+        "[pipeline.snapshot]\nmode = \"never\"\nchunk_size = 500\nmax_rows_per_second = 2000\n",
+    );
+    wait_running(port, &host).await;
+    let started = Instant::now();
+    let (code, body) = post_backfill(port, serde_json::json!({"tables": ["p1", "p2"]})).await;
+    assert_eq!(code, 202, "{body}");
+    wait_done(port, &host, &["public.p1", "public.p2"], 60).await;
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(1750),
+        "4,000 rows at 2,000 rows/s in chunks of 500 copied in {took:?}"
+    );
+    for table in ["p1", "p2"] {
+        let all = format!("SELECT * FROM {table} ORDER BY id");
+        wait_equal(&src, &dst, &all, &host, 30).await;
+    }
+}
+
 /// A synchronous standby that does not answer holds every commit that
 /// waits for it, but not a copy: its watermarks carry no data and commit
 /// once flushed locally, so the copy neither stalls while the standby is

@@ -162,6 +162,7 @@ async fn backfill(bench: &Bench, rep: usize, rows: u64) -> (Duration, f64) {
     let threads_before = thread_cpu(host.pid());
     let cpu_before = cpu_seconds(host.pid()).unwrap_or(0.0);
     let started = Instant::now();
+    crate::profile(&host, &name);
     host.backfill(&name, &["public.snap"]).await;
     let deadline = started + Duration::from_secs(1800);
     loop {
