@@ -212,7 +212,7 @@ pub async fn run(bench: &mut Bench) -> Table {
         transforms: bench.transforms(&[("identity", "{}")]),
         extra: format!(
             "snapshot.mode = \"never\"\n{}",
-            bench.args.chunk_size_toml()
+            bench.args.copy_toml()
         ),
         sink: None,
         catch_up: None,

@@ -37,6 +37,8 @@ struct Args {
     /// `snapshot.chunk_size` of the copies (snapshot, latency during a
     /// copy); Datum's default when unset.
     chunk_size: Option<usize>,
+    /// `snapshot.max_rows_per_second` of the copies; no limit when unset.
+    copy_rate: Option<usize>,
 }
 
 impl Args {
@@ -47,6 +49,7 @@ impl Args {
             reps: 0,
             only: None,
             chunk_size: None,
+            copy_rate: None,
         };
         let mut it = std::env::args().skip(1);
         while let Some(arg) = it.next() {
@@ -75,6 +78,14 @@ impl Args {
                             .unwrap_or_else(|_| usage("--chunk-size takes a number")),
                     )
                 }
+                "--copy-rate" => {
+                    args.copy_rate = Some(
+                        value("--copy-rate")
+                            .replace('_', "")
+                            .parse()
+                            .unwrap_or_else(|_| usage("--copy-rate takes a number")),
+                    )
+                }
                 "--only" => {
                     args.only = Some(value("--only").split(',').map(str::to_owned).collect())
                 }
@@ -91,12 +102,14 @@ impl Args {
         args
     }
 
-    /// The `snapshot.chunk_size` line for a pipeline that copies (empty for
-    /// Datum's default).
-    fn chunk_size_toml(&self) -> String {
-        self.chunk_size
-            .map(|n| format!("snapshot.chunk_size = {n}\n"))
-            .unwrap_or_default()
+    /// The `snapshot.chunk_size` and `snapshot.max_rows_per_second` lines
+    /// for a pipeline that copies (empty for Datum's defaults).
+    fn copy_toml(&self) -> String {
+        let chunk = self.chunk_size.map(|n| format!("snapshot.chunk_size = {n}\n"));
+        let rate = self
+            .copy_rate
+            .map(|n| format!("snapshot.max_rows_per_second = {n}\n"));
+        chunk.unwrap_or_default() + &rate.unwrap_or_default()
     }
 
     fn runs(&self, section: &str) -> bool {
@@ -111,7 +124,7 @@ fn usage(problem: &str) -> ! {
         eprintln!("error: {problem}");
     }
     eprintln!(
-        "usage: bench [--quick] [--changes N] [--reps N] [--chunk-size N] \
+        "usage: bench [--quick] [--changes N] [--reps N] [--chunk-size N] [--copy-rate N] \
          [--only throughput,transforms,checkpoints,hotswap,canary,catchup,nats,latency,memory,scaleout,snapshot]"
     );
     std::process::exit(2)

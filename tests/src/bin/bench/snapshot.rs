@@ -152,7 +152,7 @@ async fn backfill(bench: &Bench, rep: usize, rows: u64) -> (Duration, f64) {
             transforms: bench.transforms(&[("identity", "{}")]),
             extra: format!(
                 "snapshot.mode = \"never\"\n{}",
-                bench.args.chunk_size_toml()
+                bench.args.copy_toml()
             ),
             sink: None,
             catch_up: None,
