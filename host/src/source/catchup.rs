@@ -36,7 +36,7 @@ use tokio_postgres::Client;
 use tokio_postgres::types::{PgLsn, ToSql};
 
 use super::assembler::Assembler;
-use super::stream::{SourceStats, assemble, hand_over};
+use super::stream::{Downstream, SourceStats, assemble};
 use super::{Positions, RowColumns, SourceConfig, SourceError, catalog};
 use crate::event::{Batch, Lsn};
 use crate::pg::quote_ident;
@@ -238,15 +238,44 @@ impl Reader<'_> {
     }
 
     /// Assembles what the reading connection hands over and sends it
-    /// downstream: true once caught up, false on shutdown.
+    /// downstream: true once caught up, false on shutdown. On a failure,
+    /// what was read before it goes downstream first
+    /// ([`Downstream::failed`]).
     async fn consume(
         &mut self,
         lookups: &Client,
         rx: &mut tokio::sync::mpsc::Receiver<Read>,
         mut shutdown: Shutdown<'_>,
     ) -> Result<bool, SourceError> {
+        let mut pending = Vec::new();
+        match self
+            .assemble_all(lookups, rx, &mut pending, shutdown.as_mut())
+            .await
+        {
+            Ok(caught) => Ok(caught),
+            Err(err) => Err(self.downstream().failed(err, &mut pending, shutdown).await),
+        }
+    }
+
+    fn downstream(&self) -> Downstream<'_> {
+        Downstream {
+            out: self.out,
+            positions: self.positions,
+            stats: self.stats,
+            limits: self.config.limits,
+        }
+    }
+
+    /// `consume`'s loop; on an error, `pending` holds the batches read and
+    /// not yet handed over, in order.
+    async fn assemble_all(
+        &mut self,
+        lookups: &Client,
+        rx: &mut tokio::sync::mpsc::Receiver<Read>,
+        pending: &mut Vec<Batch>,
+        mut shutdown: Shutdown<'_>,
+    ) -> Result<bool, SourceError> {
         let limits = self.config.limits;
-        let mut pending: Vec<Batch> = Vec::new();
         let mut pending_cost = 0usize;
         loop {
             let read = tokio::select! {
@@ -260,7 +289,7 @@ impl Reader<'_> {
                     self.stats
                         .server_lsn
                         .fetch_max(window.server.0, Ordering::Relaxed);
-                    if !self.deliver(&mut pending, shutdown.as_mut()).await? {
+                    if !self.deliver(pending, shutdown.as_mut()).await? {
                         return Ok(false);
                     }
                     pending_cost = 0;
@@ -282,7 +311,7 @@ impl Reader<'_> {
                 }
                 Some(Read::Caught(server)) => {
                     self.stats.server_lsn.fetch_max(server.0, Ordering::Relaxed);
-                    return self.deliver(&mut pending, shutdown.as_mut()).await;
+                    return self.deliver(pending, shutdown.as_mut()).await;
                 }
                 Some(Read::Failed(err)) => return Err(err),
                 Some(Read::Ready { .. } | Read::Refused(_)) | None => return Err(reader_gone()),
@@ -305,7 +334,7 @@ impl Reader<'_> {
                         || pending_cost >= limits.max_bytes
                     {
                         pending_cost = 0;
-                        if !self.deliver(&mut pending, shutdown.as_mut()).await? {
+                        if !self.deliver(pending, shutdown.as_mut()).await? {
                             return Ok(false);
                         }
                     }
@@ -314,7 +343,7 @@ impl Reader<'_> {
             // What this read brought goes now if nothing more is waiting.
             if rx.is_empty() {
                 pending_cost = 0;
-                if !self.deliver(&mut pending, shutdown.as_mut()).await? {
+                if !self.deliver(pending, shutdown.as_mut()).await? {
                     return Ok(false);
                 }
             }
@@ -326,20 +355,9 @@ impl Reader<'_> {
     async fn deliver(
         &mut self,
         pending: &mut Vec<Batch>,
-        mut shutdown: Shutdown<'_>,
+        shutdown: Shutdown<'_>,
     ) -> Result<bool, SourceError> {
-        for batch in pending.drain(..) {
-            let permit = tokio::select! {
-                biased;
-                _ = shutdown.as_mut() => return Ok(false),
-                permit = self.out.reserve(batch.cost(self.config.limits)) => permit,
-            };
-            let Ok(permit) = permit else {
-                return Ok(false);
-            };
-            hand_over(permit, batch, self.positions, self.stats)?;
-        }
-        Ok(true)
+        self.downstream().deliver_all(pending, shutdown).await
     }
 
     /// Moves the slot to `flushed` when it is behind it. A slot confirmed

@@ -297,6 +297,66 @@ pub(super) fn hand_over(
     Ok(())
 }
 
+/// Where a source sends its batches, and who learns of them.
+#[derive(Clone, Copy)]
+pub(super) struct Downstream<'a> {
+    pub out: &'a crate::channel::Sender<Batch>,
+    pub positions: &'a dyn Positions,
+    pub stats: &'a SourceStats,
+    pub limits: crate::event::BatchLimits,
+}
+
+impl Downstream<'_> {
+    /// Hands `pending` over in order, each once there is room downstream;
+    /// false when shutdown came first or the consumer is gone.
+    pub(super) async fn deliver_all(
+        self,
+        pending: &mut Vec<Batch>,
+        mut shutdown: Shutdown<'_>,
+    ) -> Result<bool, SourceError> {
+        for batch in pending.drain(..) {
+            let permit = tokio::select! {
+                biased;
+                _ = shutdown.as_mut() => return Ok(false),
+                permit = self.out.reserve(batch.cost(self.limits)) => permit,
+            };
+            let Ok(permit) = permit else {
+                return Ok(false);
+            };
+            hand_over(permit, batch, self.positions, self.stats)?;
+        }
+        Ok(true)
+    }
+
+    /// A session failed with `err` while `pending` held batches assembled
+    /// before the failure. They are whole transactions (or whole chunks of
+    /// one), and the assembler counts them as sent, so that the reconnect
+    /// skips what it sends again: they go downstream now, or they would be
+    /// lost. A shutdown meanwhile ends the source, and its restart reads
+    /// them again from the checkpoint. Returns the error to report.
+    pub(super) async fn failed(
+        self,
+        err: SourceError,
+        pending: &mut Vec<Batch>,
+        shutdown: Shutdown<'_>,
+    ) -> SourceError {
+        if pending.is_empty() {
+            return err;
+        }
+        let held = pending.len();
+        match self.deliver_all(pending, shutdown).await {
+            Ok(_) => {
+                tracing::debug!(batches = held, error = %err, "batches read before the failure went downstream");
+                err
+            }
+            Err(delivering) => {
+                tracing::warn!(error = %err, "the session failed, then handing over what it had read failed too");
+                delivering
+            }
+        }
+    }
+}
+
 struct Session<'a> {
     config: &'a SourceConfig,
     assembler: &'a mut Assembler,
@@ -320,12 +380,40 @@ enum Flow {
     Stop,
 }
 
-impl Session<'_> {
+impl<'a> Session<'a> {
     /// Streams until `shutdown`, then hands back the open connection for
-    /// the final status update.
+    /// the final status update. On a failure, what was read before it goes
+    /// downstream first ([`Downstream::failed`]).
     async fn run(
         &mut self,
         requested: Lsn,
+        mut shutdown: Shutdown<'_>,
+    ) -> Result<Exit, SourceError> {
+        let mut pending = Vec::new();
+        match self
+            .stream(requested, &mut pending, shutdown.as_mut())
+            .await
+        {
+            Ok(exit) => Ok(exit),
+            Err(err) => Err(self.downstream().failed(err, &mut pending, shutdown).await),
+        }
+    }
+
+    fn downstream(&self) -> Downstream<'_> {
+        Downstream {
+            out: self.out,
+            positions: self.positions,
+            stats: self.stats,
+            limits: self.config.limits,
+        }
+    }
+
+    /// The session's loop; on an error, `pending` holds the batches read
+    /// and not yet handed over, in order.
+    async fn stream(
+        &mut self,
+        requested: Lsn,
+        pending: &mut Vec<Batch>,
         mut shutdown: Shutdown<'_>,
     ) -> Result<Exit, SourceError> {
         let config = self.config;
@@ -334,7 +422,6 @@ impl Session<'_> {
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut prompt = tokio::time::interval(CONFIRM_PROMPTLY);
         prompt.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        let mut pending: Vec<Batch> = Vec::new();
         let mut pending_cost = 0usize;
         // When the last delivery went downstream, and a timer for the end
         // of the linger after it (armed only while batches wait).
@@ -358,7 +445,7 @@ impl Session<'_> {
                     delivered_at = Some(tokio::time::Instant::now());
                     if let Flow::Stop = self
                         .deliver_pending(
-                            &mut pending,
+                            pending,
                             &mut pending_cost,
                             &mut conn,
                             &mut tick,
@@ -412,7 +499,7 @@ impl Session<'_> {
                             // delivered: the catch-up starts cleanly.
                             if let Flow::Stop = self
                                 .deliver_pending(
-                                    &mut pending,
+                                    pending,
                                     &mut pending_cost,
                                     &mut conn,
                                     &mut tick,
@@ -450,7 +537,7 @@ impl Session<'_> {
                     // can pass them.
                     if let Flow::Stop = self
                         .deliver_pending(
-                            &mut pending,
+                            pending,
                             &mut pending_cost,
                             &mut conn,
                             &mut tick,
@@ -592,35 +679,50 @@ impl Session<'_> {
         mut shutdown: Shutdown<'_>,
     ) -> Result<Flow, SourceError> {
         *pending_cost = 0;
-        for batch in pending.drain(..) {
-            if let Flow::Stop = self.deliver(batch, conn, tick, shutdown.as_mut()).await? {
-                return Ok(Flow::Stop);
-            }
+        let mut batches = pending.drain(..);
+        while let Some(batch) = batches.next() {
+            let permit = match self
+                .room(
+                    batch.cost(self.config.limits),
+                    conn,
+                    tick,
+                    shutdown.as_mut(),
+                )
+                .await
+            {
+                Ok(Some(permit)) => permit,
+                Ok(None) => return Ok(Flow::Stop),
+                Err(err) => {
+                    // Kept, in order, for `run` to hand over.
+                    let rest: Vec<Batch> = std::iter::once(batch).chain(batches.by_ref()).collect();
+                    drop(batches);
+                    *pending = rest;
+                    return Err(err);
+                }
+            };
+            hand_over(permit, batch, self.positions, self.stats)?;
         }
         Ok(Flow::Continue)
     }
 
-    /// Sends a batch downstream, answering the server on schedule while the
-    /// channel is full.
-    async fn deliver(
+    /// Room downstream for a batch of `cost`, answering the server on
+    /// schedule while the channel is full; `None` on shutdown or when the
+    /// consumer is gone (nothing left to stream for).
+    async fn room(
         &mut self,
-        batch: Batch,
+        cost: usize,
         conn: &mut Connection,
         tick: &mut Interval,
         mut shutdown: Shutdown<'_>,
-    ) -> Result<Flow, SourceError> {
+    ) -> Result<Option<crate::channel::Permit<'a, Batch>>, SourceError> {
+        let out = self.out;
+        let reserve = out.reserve(cost);
+        let mut reserve = std::pin::pin!(reserve);
         loop {
             tokio::select! {
                 biased;
-                _ = shutdown.as_mut() => return Ok(Flow::Stop),
-                permit = self.out.reserve(batch.cost(self.config.limits)) => {
-                    let Ok(permit) = permit else {
-                        // The consumer is gone: nothing left to stream for.
-                        return Ok(Flow::Stop);
-                    };
-                    hand_over(permit, batch, self.positions, self.stats)?;
-                    return Ok(Flow::Continue);
-                }
+                _ = shutdown.as_mut() => return Ok(None),
+                permit = reserve.as_mut() => return Ok(permit.ok()),
                 _ = tick.tick() => self.send_status(conn, false).await?,
             }
         }

@@ -2,6 +2,7 @@
 //! typed values, TOAST, replica identities, schema changes, chunking,
 //! reconnection and authentication.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use datum::{Lsn, SourceError};
@@ -512,6 +513,82 @@ async fn a_terminated_walsender_is_replaced_without_loss_duplicates_or_disorder(
     assert!(
         reconnects >= 1,
         "the walsender was terminated {reconnects} times"
+    );
+    source.stop().await.expect("stop");
+}
+
+/// Regression: transactions that came in the same read as the walsender's
+/// error (or just before the connection closed) were assembled, and so
+/// counted as sent, but dropped with the error; the reconnect then skipped
+/// them as sent, and they were lost for good. A walsender killed while
+/// idle lost nothing (the keepalive it sends once caught up made the
+/// source deliver first), so here it is killed three times while it
+/// streams a backlog of 60,000 transactions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactions_read_with_the_walsenders_error_are_not_lost_on_the_reconnect() {
+    const ROWS: i64 = 60_000;
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    sql(&client, &["CREATE TABLE seq (id int PRIMARY KEY)"]).await;
+    let mut cfg = config(&pg, "pub", "slot", &["seq"]);
+    cfg.reconnect_initial = Duration::from_millis(20);
+    cfg.reconnect_max = Duration::from_millis(100);
+    let mut source = Running::start(cfg, Lsn::ZERO, 64).await;
+    sql(
+        &client,
+        &[&format!(
+            "DO $$ BEGIN FOR i IN 1..{ROWS} LOOP INSERT INTO seq VALUES (i); COMMIT; END LOOP; END $$"
+        )],
+    )
+    .await;
+    let stats = source.stats.clone();
+    let killer_conninfo = pg.conninfo("postgres");
+    let killer = tokio::spawn(async move {
+        let client = connect(&killer_conninfo).await;
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            let pid = stats.walsender_pid.load(Ordering::Relaxed) as i32;
+            client
+                .query("SELECT pg_terminate_backend($1)", &[&pid])
+                .await
+                .expect("terminate");
+        }
+    });
+
+    let mut seen = Vec::new();
+    while seen.len() < ROWS as usize {
+        let batch = tokio::time::timeout(Duration::from_secs(10), source.rx.recv())
+            .await
+            .ok()
+            .flatten();
+        let Some(batch) = batch else {
+            let seen: std::collections::HashSet<i64> = seen.iter().copied().collect();
+            let missing: Vec<i64> = (1..=ROWS).filter(|id| !seen.contains(id)).collect();
+            panic!(
+                "{} transactions never came, from {:?} to {:?}",
+                missing.len(),
+                missing.first(),
+                missing.last()
+            );
+        };
+        for change in &batch.changes {
+            if let datum::Change::Insert { new, .. } = change
+                && let Some(Value::Int(id)) = new.first()
+            {
+                seen.push(*id);
+            }
+        }
+        source.checkpoint(&batch);
+    }
+    killer.await.expect("killer");
+    assert!(
+        seen.iter().copied().eq(1..=ROWS),
+        "every row once, in order"
+    );
+    let reconnects = source.stats.reconnects.load(Ordering::Relaxed);
+    assert!(
+        reconnects >= 1,
+        "the walsender was terminated ({reconnects} reconnects)"
     );
     source.stop().await.expect("stop");
 }

@@ -210,10 +210,7 @@ pub async fn run(bench: &mut Bench) -> Table {
         conninfo: bench.conninfo(Transport::Tcp),
         slot: "lat".into(),
         transforms: bench.transforms(&[("identity", "{}")]),
-        extra: format!(
-            "snapshot.mode = \"never\"\n{}",
-            bench.args.copy_toml()
-        ),
+        extra: format!("snapshot.mode = \"never\"\n{}", bench.args.copy_toml()),
         sink: None,
         catch_up: None,
     }];

@@ -105,7 +105,9 @@ impl Args {
     /// The `snapshot.chunk_size` and `snapshot.max_rows_per_second` lines
     /// for a pipeline that copies (empty for Datum's defaults).
     fn copy_toml(&self) -> String {
-        let chunk = self.chunk_size.map(|n| format!("snapshot.chunk_size = {n}\n"));
+        let chunk = self
+            .chunk_size
+            .map(|n| format!("snapshot.chunk_size = {n}\n"));
         let rate = self
             .copy_rate
             .map(|n| format!("snapshot.max_rows_per_second = {n}\n"));

@@ -150,10 +150,7 @@ async fn backfill(bench: &Bench, rep: usize, rows: u64) -> (Duration, f64) {
             conninfo: bench.conninfo(Transport::Tcp),
             slot,
             transforms: bench.transforms(&[("identity", "{}")]),
-            extra: format!(
-                "snapshot.mode = \"never\"\n{}",
-                bench.args.copy_toml()
-            ),
+            extra: format!("snapshot.mode = \"never\"\n{}", bench.args.copy_toml()),
             sink: None,
             catch_up: None,
         }],
