@@ -325,10 +325,17 @@ impl Snapshots {
         inner.forget_seen();
     }
 
-    /// Starts showing `progress`'s table as this run copies it.
+    /// Starts showing `progress`'s table as this run copies it. The
+    /// progress of an earlier copy of the table that is not committed yet
+    /// (its last chunk placed, the status saying done) is dropped: committed
+    /// with a later checkpoint, it would land over this copy's start, and
+    /// after a crash the table would not be copied again.
     fn watch(&self, progress: &SnapshotProgress) {
         let mut inner = self.lock();
         inner.failed.remove(&progress.table);
+        for notes in inner.ledger.values_mut() {
+            notes.retain(|note| note.table != progress.table);
+        }
         inner.live.insert(
             progress.table.clone(),
             Live {
@@ -1214,6 +1221,7 @@ mod tests {
             oid: 9,
             relation: read.clone(),
             key: vec![0],
+            only: true,
             estimate: 1,
             role: "r".into(),
         }
@@ -1290,5 +1298,29 @@ mod tests {
         let (rows, placed) = place_after_transaction_42("40:50:42,45");
         assert_eq!(rows, 0);
         assert_eq!(placed, Placed::TooEarly(vec![42]));
+        // Nor when its id is past every one that had ended (the snapshot
+        // does not list it as running).
+        let (rows, placed) = place_after_transaction_42("40:42:40");
+        assert_eq!(rows, 0);
+        assert_eq!(placed, Placed::TooEarly(vec![42]));
+    }
+
+    /// Regression: a backfill accepted once a copy's last chunk was placed,
+    /// before its progress was committed: that progress, committed with a
+    /// later checkpoint, recorded the table as done over the backfill's
+    /// pending state, and a crash then lost the backfill.
+    #[test]
+    fn a_backfill_right_after_a_copy_is_not_recorded_over_by_that_copy() {
+        let snapshots = Snapshots::new("p");
+        let mut done = SnapshotProgress::pending("public.t", None);
+        done.state = TableState::Done;
+        let other = SnapshotProgress::pending("public.u", None);
+        snapshots
+            .lock()
+            .ledger
+            .insert(Lsn(10), vec![done.clone(), other.clone()]);
+        assert_eq!(snapshots.progress_upto(Lsn(20)), [done, other.clone()]);
+        snapshots.watch(&SnapshotProgress::pending("public.t", None));
+        assert_eq!(snapshots.progress_upto(Lsn(20)), [other], "only u's");
     }
 }

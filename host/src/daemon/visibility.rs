@@ -75,14 +75,19 @@ impl Delivered {
     }
 
     /// The transactions `snapshot` did not see that the stream delivered
-    /// before batch `low`.
+    /// before batch `low`, as full ids, in order. Not only those it lists
+    /// as running: a transaction whose id is at or past its `xmax` (no
+    /// transaction that new had ended when it was taken) is not listed,
+    /// and not seen either.
     pub(crate) fn unseen_before(&self, snapshot: &ReadSnapshot, low: u64) -> Vec<u64> {
-        snapshot
-            .xip
+        let mut unseen: Vec<u64> = self
+            .ids
             .iter()
-            .copied()
-            .filter(|xid| self.ids.get(&(*xid as u32)).is_some_and(|seq| *seq < low))
-            .collect()
+            .filter(|(xid, seq)| **seq < low && !snapshot.sees(**xid))
+            .filter_map(|(xid, _)| snapshot.full(*xid))
+            .collect();
+        unseen.sort_unstable();
+        unseen
     }
 
     /// Chunk `chunk` was read under `snapshot`; chunks from
@@ -160,6 +165,29 @@ mod tests {
             d.unseen_before(&snapshot("100:107:105"), low),
             [] as [u64; 0]
         );
+    }
+
+    /// Regression: a transaction whose id is at or past the snapshot's
+    /// `xmax` is not in its list of running ones, and was taken as seen: a
+    /// delete that got its id after the low watermark's but committed
+    /// before it, then waited for a synchronous standby, came back.
+    #[test]
+    fn a_transaction_at_or_past_the_snapshot_s_xmax_is_unseen() {
+        let mut d = Delivered::default();
+        d.note(110); // committed first, not visible yet
+        d.note(108); // the low watermark: its id is older, and it ended
+        let low = d.now();
+        // Taken when 108 was the newest to have ended.
+        assert_eq!(d.unseen_before(&snapshot("109:109:"), low), [110]);
+        assert_eq!(d.unseen_before(&snapshot("109:111:110"), low), [110]);
+        assert_eq!(d.unseen_before(&snapshot("111:111:"), low), [] as [u64; 0]);
+        // Past the first epoch, as a full id.
+        let mut d = Delivered::default();
+        d.note(102);
+        d.note(99);
+        let low = d.now();
+        let read = snapshot("4294967396:4294967396:");
+        assert_eq!(d.unseen_before(&read, low), [4294967398]);
     }
 
     #[test]

@@ -32,13 +32,15 @@ pub(crate) const PG_EPOCH_OFFSET_MICROS: i64 = 946_684_800_000_000;
 
 /// Settings sent in the startup packet. They fix the text form of every value
 /// the walsender sends, which [`super::values`] parses.
-pub(crate) const SESSION_SETTINGS: [(&str, &str); 6] = [
+pub(crate) const SESSION_SETTINGS: [(&str, &str); 7] = [
     ("client_encoding", "UTF8"),
     ("DateStyle", "ISO, MDY"),
     ("TimeZone", "UTC"),
     ("IntervalStyle", "iso_8601"),
     ("extra_float_digits", "3"),
     ("bytea_output", "hex"),
+    // Literals Datum writes (a copy's stored position) double quotes only.
+    ("standard_conforming_strings", "on"),
 ];
 
 trait Io: AsyncRead + AsyncWrite + Unpin + Send {}

@@ -39,9 +39,13 @@ pub(crate) struct SnapshotTable {
     /// Columns as the stream describes them.
     pub relation: Arc<Relation>,
     /// Positions in `relation.columns` of the key the copy walks along, in
-    /// the key's order: the primary key, else the replica identity index,
+    /// the key's order: the replica identity index under REPLICA IDENTITY
+    /// USING INDEX, else the primary key, else the replica identity index,
     /// else the narrowest unique index over NOT NULL columns.
     pub key: Vec<usize>,
+    /// A plain table (not partitioned): read without the tables that
+    /// inherit from it, which the stream reports as themselves.
+    pub only: bool,
     /// The planner's estimate of its rows (`pg_class.reltuples`; 0 when
     /// never analysed).
     pub estimate: u64,
@@ -95,11 +99,17 @@ impl ReadSnapshot {
     /// not), `xid` given as the stream gives it: the low 32 bits, taken
     /// as the nearest full id to `xmax`.
     pub(crate) fn sees(&self, xid: u32) -> bool {
-        let offset = i64::from(xid.wrapping_sub(self.xmax as u32) as i32);
-        let Some(full) = self.xmax.checked_add_signed(offset) else {
+        let Some(full) = self.full(xid) else {
             return true;
         };
         full < self.xmin || (full < self.xmax && self.xip.binary_search(&full).is_err())
+    }
+
+    /// `xid` as the stream gives it (the low 32 bits) as the full id
+    /// nearest to `xmax`.
+    pub(crate) fn full(&self, xid: u32) -> Option<u64> {
+        let offset = i64::from(xid.wrapping_sub(self.xmax as u32) as i32);
+        self.xmax.checked_add_signed(offset)
     }
 }
 
@@ -163,7 +173,8 @@ pub(crate) async fn describe(client: &Client, name: &str) -> Result<SnapshotTabl
     let row = client
         .query_opt(
             "SELECT c.oid, c.relreplident::text, greatest(c.reltuples, 0)::float8, \
-                    has_table_privilege(c.oid, 'SELECT'), current_user::text \
+                    has_table_privilege(c.oid, 'SELECT'), current_user::text, \
+                    c.relkind = 'r' \
              FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
              WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')",
             &[&schema, &table],
@@ -180,6 +191,7 @@ pub(crate) async fn describe(client: &Client, name: &str) -> Result<SnapshotTabl
     let replident: String = row.col(1)?;
     let estimate: f64 = row.col(2)?;
     let role: String = row.col(4)?;
+    let plain: bool = row.col(5)?;
     if !row.col::<bool>(3)? {
         return Err(unreadable(name, &role));
     }
@@ -254,21 +266,28 @@ pub(crate) async fn describe(client: &Client, name: &str) -> Result<SnapshotTabl
     if gone {
         return Err(dropped(name));
     }
-    let key = primary
-        .clone()
-        .or_else(|| identity_index.clone())
-        .or(unique_not_null)
-        .ok_or_else(|| SourceError::Requirement {
-            problem: format!(
-                "table {name} has neither a primary key nor a unique index over NOT NULL \
+    // The key the stream identifies rows by, so that the keys a chunk's
+    // changes carry are the chunk's: under REPLICA IDENTITY USING INDEX a
+    // delete carries only that index's columns, and an update that changes
+    // the primary key but not them carries no old key at all.
+    let identity_first = replident == "i" && identity_index.is_some();
+    let key = if identity_first {
+        identity_index.clone()
+    } else {
+        primary.clone().or_else(|| identity_index.clone())
+    }
+    .or(unique_not_null)
+    .ok_or_else(|| SourceError::Requirement {
+        problem: format!(
+            "table {name} has neither a primary key nor a unique index over NOT NULL \
                  columns, so its rows cannot be copied in chunks without going back in time"
-            ),
-            fix: format!(
-                "add one (ALTER TABLE {} ADD PRIMARY KEY (...)), or leave {name} out of the \
+        ),
+        fix: format!(
+            "add one (ALTER TABLE {} ADD PRIMARY KEY (...)), or leave {name} out of the \
                  snapshot",
-                quoted_table(name)
-            ),
-        })?;
+            quoted_table(name)
+        ),
+    })?;
 
     let type_oids = columns
         .iter()
@@ -321,6 +340,7 @@ pub(crate) async fn describe(client: &Client, name: &str) -> Result<SnapshotTabl
             columns,
         }),
         key,
+        only: plain,
         estimate: estimate as u64,
         role,
     })
@@ -366,12 +386,13 @@ pub(crate) async fn read_chunk(
         .collect::<Vec<_>>()
         .join(", ");
     let mut sql = format!(
-        "SELECT {} FROM {}",
+        "SELECT {} FROM {}{}",
         columns
             .iter()
             .map(|c| quote_ident(&c.name))
             .collect::<Vec<_>>()
             .join(", "),
+        if table.only { "ONLY " } else { "" },
         quoted_table(&table.name)
     );
     if let Some(after) = after {
