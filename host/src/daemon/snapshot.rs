@@ -982,8 +982,19 @@ async fn read_one(
     limit: usize,
 ) -> Result<Option<SnapshotProgress>, SourceError> {
     connection.emit_watermark(low).await?;
-    let rows =
-        reader::read_chunk(connection.client(), table, after.cursor.as_deref(), limit).await?;
+    let rows = match reader::read_chunk(connection.client(), table, after.cursor.as_deref(), limit)
+        .await
+    {
+        Ok(rows) => rows,
+        // A column the copy described is gone (dropped or renamed since
+        // it was described): described anew, the chunk is read again.
+        Err(SourceError::Sql(err))
+            if err.as_db_error().map(|d| d.code().code()) == Some("42703") =>
+        {
+            return Ok(None);
+        }
+        Err(err) => return Err(err),
+    };
     if !connection.unchanged(table).await? {
         // DDL since the table was described: read again, described anew.
         return Ok(None);

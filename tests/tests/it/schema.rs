@@ -478,6 +478,65 @@ async fn a_column_added_while_the_host_was_stopped_is_announced_after_the_restar
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Regression: a column dropped or renamed while a table was being copied
+/// failed its copy ("column does not exist"), since the next chunk's
+/// `SELECT` still named it. The table is described anew and the chunk read
+/// again: every row arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_column_dropped_or_renamed_during_a_copy_does_not_fail_it() {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    const ROWS: usize = 200_000;
+    client
+        .batch_execute(&format!(
+            "CREATE TABLE t (id int PRIMARY KEY, v int, w int, x int); \
+             INSERT INTO t SELECT g, g, g, g FROM generate_series(1, {ROWS}) g"
+        ))
+        .await
+        .expect("table");
+    let dir = temp_dir("schema-copy-drop");
+    let (config, out) = file_pipeline(&dir, &pg.conninfo("postgres"), "snapshot.chunk_size = 2000");
+    let host = Host::start(&dir, &config);
+    crate::run::wait_for_line(&out, &host, |l| l["op"] == "snapshot");
+    client
+        .batch_execute("ALTER TABLE t DROP COLUMN w")
+        .await
+        .expect("drop");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    client
+        .batch_execute("ALTER TABLE t RENAME COLUMN x TO y")
+        .await
+        .expect("rename");
+    tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            let copied: std::collections::HashSet<i64> = crate::run::lines(&out)
+                .iter()
+                .filter(|l| l["op"] == "snapshot")
+                .filter_map(|l| l["new"]["id"].as_i64())
+                .collect();
+            if copied.len() == ROWS {
+                break;
+            }
+            let log = host.log();
+            assert!(
+                !log.contains("snapshot of the table failed"),
+                "the copy failed after {} rows\n{log}",
+                copied.len()
+            );
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} rows copied\n{log}",
+                copied.len()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    })
+    .await
+    .expect("every row copied");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A column added while a table is being copied: snapshot rows read with
 /// the old columns never follow the schema change (a chunk read across the
 /// change is read again), and snapshot rows read with the new columns are
