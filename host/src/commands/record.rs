@@ -289,7 +289,7 @@ pub(crate) async fn from_tables(
     let mut named = Vec::new();
     for name in tables.iter().take(options.limit) {
         let name = reader::resolve_table(&client, name).await?;
-        let table = reader::describe(&client, &name).await?;
+        let table = reader::describe(&client, &name, None).await?;
         let chunk = reader::read_chunk(&client, &table, None, rows.max(1)).await?;
         let position = client
             .query_one(

@@ -729,7 +729,7 @@ async fn accept(
                 live.placed.map_or(0, |p| p.rows)
             )));
         }
-        let described = reader::describe(&client, &table)
+        let described = reader::describe(&client, &table, Some(&source.publication))
             .await
             .map_err(|e| BackfillError::Invalid(e.to_string()))?;
         if let Some(from) = &request.from
@@ -888,7 +888,12 @@ async fn copy_chunks(
             let (table, at) = match described.take() {
                 Some((table, at)) if at.elapsed() < DESCRIBE_EVERY => (table, at),
                 _ => {
-                    let table = reader::describe(connection.client(), &read.table).await?;
+                    let table = reader::describe(
+                        connection.client(),
+                        &read.table,
+                        Some(&source.publication),
+                    )
+                    .await?;
                     estimate = table.estimate;
                     snapshots.set_live(&read.table, |live| live.estimate = table.estimate);
                     (table, Instant::now())
@@ -1233,6 +1238,8 @@ mod tests {
             relation: read.clone(),
             key: vec![0],
             only: true,
+            column_list: None,
+            row_filter: None,
             estimate: 1,
             role: "r".into(),
         }

@@ -46,6 +46,10 @@ pub(crate) struct SnapshotTable {
     /// A plain table (not partitioned): read without the tables that
     /// inherit from it, which the stream reports as themselves.
     pub only: bool,
+    /// The columns the publication publishes, when it lists them.
+    pub column_list: Option<Vec<String>>,
+    /// The publication's row filter, as PostgreSQL prints it.
+    pub row_filter: Option<String>,
     /// The planner's estimate of its rows (`pg_class.reltuples`; 0 when
     /// never analysed).
     pub estimate: u64,
@@ -167,14 +171,22 @@ pub(crate) async fn resolve_table(client: &Client, name: &str) -> Result<String,
 }
 
 /// Describes `schema.table` for a copy: its columns as the stream would
-/// describe them and the key to walk along.
-pub(crate) async fn describe(client: &Client, name: &str) -> Result<SnapshotTable, SourceError> {
+/// describe them and the key to walk along. Through `publication` (from
+/// PostgreSQL 15), only the columns and rows it publishes: a column list
+/// leaves the others out of the stream's description, and a row filter
+/// leaves rows out of the stream, so a copy of them would send what the
+/// publication withholds, and rows the stream never changes again.
+pub(crate) async fn describe(
+    client: &Client,
+    name: &str,
+    publication: Option<&str>,
+) -> Result<SnapshotTable, SourceError> {
     let (schema, table) = super::check::split_table(name);
     let row = client
         .query_opt(
             "SELECT c.oid, c.relreplident::text, greatest(c.reltuples, 0)::float8, \
                     has_table_privilege(c.oid, 'SELECT'), current_user::text, \
-                    c.relkind = 'r' \
+                    c.relkind = 'r', current_setting('server_version_num')::int4 \
              FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
              WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')",
             &[&schema, &table],
@@ -192,10 +204,17 @@ pub(crate) async fn describe(client: &Client, name: &str) -> Result<SnapshotTabl
     let estimate: f64 = row.col(2)?;
     let role: String = row.col(4)?;
     let plain: bool = row.col(5)?;
+    let version: i32 = row.col(6)?;
     if !row.col::<bool>(3)? {
         return Err(unreadable(name, &role));
     }
-    let columns = client
+    let (column_list, row_filter) = match publication {
+        Some(publication) if version >= 150_000 => {
+            published(client, publication, &schema, &table).await?
+        }
+        _ => (None, None),
+    };
+    let mut columns = client
         .query(
             "SELECT attnum, attname::text, atttypid, atttypmod FROM pg_attribute \
              WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped AND attgenerated = '' \
@@ -204,6 +223,12 @@ pub(crate) async fn describe(client: &Client, name: &str) -> Result<SnapshotTabl
         )
         .await
         .map_err(SourceError::Sql)?;
+    if let Some(list) = &column_list {
+        columns.retain(|c| {
+            c.col::<&str>(1)
+                .is_ok_and(|name| list.iter().any(|l| l == name))
+        });
+    }
     let indexes = client
         .query(
             "SELECT i.indisprimary, i.indisreplident, \
@@ -341,6 +366,8 @@ pub(crate) async fn describe(client: &Client, name: &str) -> Result<SnapshotTabl
         }),
         key,
         only: plain,
+        column_list,
+        row_filter,
         estimate: estimate as u64,
         role,
     })
@@ -355,6 +382,30 @@ fn unreadable(name: &str, role: &str) -> SourceError {
             quoted_table(name),
             quote_ident(role)
         ),
+    }
+}
+
+/// What `publication` publishes of `schema.table` (PostgreSQL 15 and
+/// later): its column list (every column when it has none) and its row
+/// filter. Nothing when it does not publish the table by that name (a
+/// partition published through its root, say).
+async fn published(
+    client: &Client,
+    publication: &str,
+    schema: &str,
+    table: &str,
+) -> Result<(Option<Vec<String>>, Option<String>), SourceError> {
+    let row = client
+        .query_opt(
+            "SELECT attnames::text[], rowfilter FROM pg_publication_tables \
+             WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
+            &[&publication, &schema, &table],
+        )
+        .await
+        .map_err(SourceError::Sql)?;
+    match row {
+        Some(row) => Ok((row.col(0)?, row.col(1)?)),
+        None => Ok((None, None)),
     }
 }
 
@@ -395,6 +446,10 @@ pub(crate) async fn read_chunk(
         if table.only { "ONLY " } else { "" },
         quoted_table(&table.name)
     );
+    let mut conditions = Vec::new();
+    if let Some(filter) = &table.row_filter {
+        conditions.push(format!("({filter})"));
+    }
     if let Some(after) = after {
         if after.len() != table.key.len() {
             return Err(SourceError::Requirement {
@@ -413,7 +468,11 @@ pub(crate) async fn read_chunk(
             .map(|v| quote_literal(v))
             .collect::<Vec<_>>()
             .join(", ");
-        sql.push_str(&format!(" WHERE ({key_list}) > ({values})"));
+        conditions.push(format!("({key_list}) > ({values})"));
+    }
+    if !conditions.is_empty() {
+        sql.push_str(" WHERE ");
+        sql.push_str(&conditions.join(" AND "));
     }
     sql.push_str(&format!(" ORDER BY {key_list} LIMIT {limit}"));
     // One request, two statements: the snapshot, then the rows.
@@ -570,6 +629,7 @@ impl CopyConnection {
                      JOIN pg_attribute a ON a.attrelid = c.oid \
                      WHERE c.oid = $1 AND a.attnum > 0 AND NOT a.attisdropped \
                        AND a.attgenerated = '' \
+                       AND ($2::text[] IS NULL OR a.attname = ANY ($2::text[])) \
                      ORDER BY a.attnum",
                 )
                 .await
@@ -602,7 +662,7 @@ impl CopyConnection {
     pub(crate) async fn unchanged(&self, table: &SnapshotTable) -> Result<bool, SourceError> {
         let rows = self
             .client
-            .query(&self.columns, &[&table.oid])
+            .query(&self.columns, &[&table.oid, &table.column_list])
             .await
             .map_err(SourceError::Sql)?;
         let relation = &table.relation;
