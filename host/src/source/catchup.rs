@@ -51,17 +51,26 @@ pub struct CatchUp {
     /// `upto_nchanges` of each window: the server stops decoding at the
     /// first commit after this many rows (each a pgoutput message).
     pub window: i32,
+    /// After the server refused the temporary copy a catch-up needs (no
+    /// replication slot free, say), how long the source streams before it
+    /// may try again.
+    pub retry_refused_after: Duration,
 }
 
 impl CatchUp {
     /// Rows per window unless configured otherwise.
     pub const DEFAULT_WINDOW: i32 = 200_000;
 
-    /// A catch-up beyond `threshold` bytes of lag, with the default window.
+    /// How long the source streams after a refused copy, unless configured
+    /// otherwise.
+    pub const DEFAULT_RETRY_REFUSED: Duration = Duration::from_secs(300);
+
+    /// A catch-up beyond `threshold` bytes of lag, with the defaults.
     pub fn beyond(threshold: u64) -> CatchUp {
         CatchUp {
             threshold,
             window: CatchUp::DEFAULT_WINDOW,
+            retry_refused_after: CatchUp::DEFAULT_RETRY_REFUSED,
         }
     }
 }
@@ -104,8 +113,8 @@ pub(crate) enum Outcome {
     /// Within half the threshold (or nothing left): stream from here.
     Caught,
     /// The server would not make the slot's temporary copy (no free
-    /// replication slot, say): the source streams, and does not try a
-    /// catch-up again until the pipeline restarts.
+    /// replication slot, say): the source streams, and tries a catch-up
+    /// again only after [`CatchUp::retry_refused_after`].
     Unavailable,
     /// Shutdown came first. The client is kept to move the slot to the
     /// final checkpoint once it is written ([`confirm`]).
@@ -205,7 +214,7 @@ impl Reader<'_> {
         let copy = match first {
             Some(Read::Ready { copy }) => copy,
             Some(Read::Refused(error)) => {
-                tracing::warn!(slot = %config.slot, error = %error, "a catch-up needs a temporary copy of the slot, which the server refused: streaming instead until the pipeline restarts (raise max_replication_slots by one if no slot was free)");
+                tracing::warn!(slot = %config.slot, error = %error, retry_in = ?self.catch_up.retry_refused_after, "a catch-up needs a temporary copy of the slot, which the server refused: streaming instead for now (raise max_replication_slots by one if no slot was free)");
                 return Ok(Outcome::Unavailable);
             }
             Some(Read::Failed(err)) => return Err(err),

@@ -239,7 +239,8 @@ pub(crate) async fn describe(
              JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey) \
              WHERE i.indrelid = $1 AND i.indisunique AND i.indisvalid \
                AND i.indexprs IS NULL AND i.indpred IS NULL \
-             GROUP BY i.indexrelid, i.indisprimary, i.indisreplident, i.indkey, i.indnkeyatts",
+             GROUP BY i.indexrelid, i.indisprimary, i.indisreplident, i.indkey, i.indnkeyatts \
+             ORDER BY i.indexrelid",
             &[&oid],
         )
         .await
@@ -278,6 +279,8 @@ pub(crate) async fn describe(
         .iter()
         .find(|i| i.identity)
         .and_then(|i| i.columns.clone());
+    // The oldest of the narrowest, so that every description of the table
+    // (a copy resumed after a restart, say) walks the same one.
     let unique_not_null = indexes
         .iter()
         .filter(|i| i.not_null)

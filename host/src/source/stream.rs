@@ -22,7 +22,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::retry::Backoff;
 use tokio::time::{Interval, MissedTickBehavior};
@@ -116,7 +116,7 @@ type Shutdown<'a> = Pin<&'a mut (dyn Future<Output = ()> + Send)>;
 /// file is, and a restart without the state file (an adopted slot) does
 /// not deliver the last transactions again.
 pub async fn run(
-    mut config: SourceConfig,
+    config: SourceConfig,
     resume_after: Lsn,
     out: crate::channel::Sender<Batch>,
     positions: Arc<dyn Positions>,
@@ -129,8 +129,13 @@ pub async fn run(
     let mut assembler = Assembler::new(config.limits, resume_after);
     let mut backoff = Backoff::new(config.reconnect_initial, config.reconnect_max);
     let mut requested = resume_after;
+    // Until when a catch-up is not tried again, after the server refused
+    // the copy it needs.
+    let mut refused_until: Option<Instant> = None;
     loop {
-        if let Some(catch_up) = config.catch_up {
+        if let Some(catch_up) = config.catch_up
+            && refused_until.is_none_or(|until| Instant::now() >= until)
+        {
             let mut reader = catchup::Reader {
                 config: &config,
                 catch_up,
@@ -143,7 +148,7 @@ pub async fn run(
             match reader.run(shutdown.as_mut()).await {
                 Ok(outcome @ (Outcome::Caught | Outcome::Unavailable)) => {
                     if let Outcome::Unavailable = outcome {
-                        config.catch_up = None;
+                        refused_until = Some(Instant::now() + catch_up.retry_refused_after);
                     }
                     let checkpoint = positions.flushed();
                     requested = requested.max(checkpoint);
@@ -179,6 +184,7 @@ pub async fn run(
             idle_at: None,
             data_seen: false,
             behind_ticks: 0,
+            catch_up_from: refused_until,
         };
         let outcome = session.run(requested, shutdown.as_mut()).await;
         let streamed = session.streaming;
@@ -373,6 +379,8 @@ struct Session<'a> {
     /// Consecutive ticks with data arriving and the slot more than
     /// `source.catch_up` behind the server.
     behind_ticks: u32,
+    /// No catch-up before then (the server refused the last one's copy).
+    catch_up_from: Option<Instant>,
 }
 
 enum Flow {
@@ -633,6 +641,9 @@ impl<'a> Session<'a> {
         let Some(catch_up) = self.config.catch_up else {
             return false;
         };
+        if self.catch_up_from.is_some_and(|from| Instant::now() < from) {
+            return false;
+        }
         let server = self.stats.server_lsn.load(Ordering::Relaxed);
         let far = server.saturating_sub(self.received.0) > catch_up.threshold;
         if far && self.data_seen {

@@ -84,6 +84,7 @@ async fn main() {
     source.catch_up = window.map(|w| datum::CatchUp {
         threshold: 0,
         window: w.parse().expect("catch-up window"),
+        ..datum::CatchUp::beyond(0)
     });
     let store = Arc::new(Store::open(state).expect("state file"));
     let file = std::fs::OpenOptions::new()

@@ -72,6 +72,7 @@ async fn a_slot_drained_through_sql_yields_exactly_the_batches_streaming_does() 
     caught.catch_up = Some(CatchUp {
         threshold: 0,
         window: 500,
+        ..CatchUp::beyond(0)
     });
     // Both slots exist before the first write: they hold the same WAL.
     for c in [&streamed, &caught] {
@@ -212,6 +213,7 @@ async fn a_stream_falling_far_behind_switches_to_catch_up_and_back_without_loss_
     cfg.catch_up = Some(CatchUp {
         threshold: 256 << 10,
         window: 2_000,
+        ..CatchUp::beyond(0)
     });
     let mut source = Running::start(cfg, Lsn::ZERO, 4).await;
     // The host polls the server's position; here the test does.
@@ -415,6 +417,7 @@ async fn catching_up(
     cfg.catch_up = Some(CatchUp {
         threshold: 0,
         window,
+        ..CatchUp::beyond(0)
     });
     datum::prepare_source(&cfg, None, || Ok(()))
         .await
@@ -649,6 +652,66 @@ async fn a_catch_up_whose_reading_session_is_killed_mid_window_loses_nothing() {
     let stats = source.stats.clone();
     assert!(stats.reconnects.load(Relaxed) >= 1, "a reconnect");
     assert!(stats.catch_ups.load(Relaxed) >= 2, "a second catch-up");
+    source.stop().await.expect("a clean stop");
+}
+
+/// A catch-up the server refused (no slot free for its copy) is tried again
+/// once `retry_refused_after` has passed: it used to stay off until the
+/// pipeline restarted. Here the slot taken is freed, and the next session,
+/// behind the server, starts with a catch-up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_catch_up_is_tried_again_later() {
+    let pg = pg_throwaway::Cluster::builder()
+        .setting("wal_level", "logical")
+        .setting("max_replication_slots", "2")
+        .start()
+        .expect("cluster");
+    let (client, mut cfg) =
+        catching_up(&pg, "CREATE TABLE t (id int PRIMARY KEY, body text)", 2_000).await;
+    cfg.reconnect_initial = Duration::from_millis(300);
+    if let Some(catch_up) = &mut cfg.catch_up {
+        catch_up.retry_refused_after = Duration::from_millis(500);
+    }
+    sql(
+        &client,
+        &["SELECT pg_create_logical_replication_slot('other', 'pgoutput')"],
+    )
+    .await;
+    ten_row_transactions(&client, 200).await;
+    let mut source = Running::start_prepared(cfg, Lsn::ZERO, 64);
+    let mut ids = Vec::new();
+    let take = async |source: &mut Running, ids: &mut Vec<i64>, upto: usize| {
+        while ids.len() < upto {
+            let batch = source.next(30).await;
+            source.checkpoint(&batch);
+            ids.extend(inserted_ids(std::slice::from_ref(&batch)));
+        }
+    };
+    take(&mut source, &mut ids, 2_000).await;
+    assert_eq!(
+        source.stats.catch_ups.load(Relaxed),
+        0,
+        "a catch-up without a slot for its copy"
+    );
+    // A slot freed, the refusal's wait over; the session ends, and the
+    // server moves on meanwhile.
+    sql(&client, &["SELECT pg_drop_replication_slot('other')"]).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let pid = source.stats.walsender_pid.load(Relaxed) as i32;
+    sql(
+        &client,
+        &[
+            &format!("SELECT pg_terminate_backend({pid})"),
+            "INSERT INTO t VALUES (2000, 'after')",
+        ],
+    )
+    .await;
+    take(&mut source, &mut ids, 2_001).await;
+    assert!(
+        source.stats.catch_ups.load(Relaxed) >= 1,
+        "no catch-up once a slot was free"
+    );
+    assert!(ids.iter().copied().eq(0..2_001), "every row once, in order");
     source.stop().await.expect("a clean stop");
 }
 
