@@ -36,7 +36,9 @@ impl Pace {
         };
         let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
         let start = next.map_or(now, |next| next.max(now));
-        *next = Some(start + Duration::from_secs_f64(rows as f64 / rate as f64));
+        // At most a day a chunk, whatever the configuration says.
+        let share = Duration::from_secs_f64((rows as f64 / rate as f64).min(86_400.0));
+        *next = Some(start + share);
         start
     }
 
@@ -70,6 +72,14 @@ mod tests {
         assert_eq!(pace.reserve(500, now), now + Duration::from_millis(500));
         assert_eq!(pace.reserve(2_000, now), now + Duration::from_secs(1));
         assert_eq!(pace.reserve(1, now), now + Duration::from_secs(3));
+    }
+
+    #[test]
+    fn a_huge_chunk_at_a_tiny_rate_waits_a_day_not_forever() {
+        let pace = Pace::new(Some(1));
+        let now = Instant::now();
+        assert_eq!(pace.reserve(usize::MAX, now), now);
+        assert_eq!(pace.reserve(1, now), now + Duration::from_secs(86_400));
     }
 
     #[test]

@@ -208,7 +208,7 @@ pub(crate) async fn describe(
     if !row.col::<bool>(3)? {
         return Err(unreadable(name, &role));
     }
-    let (column_list, row_filter) = match publication {
+    let (mut column_list, row_filter) = match publication {
         Some(publication) if version >= 150_000 => {
             published(client, publication, &schema, &table).await?
         }
@@ -223,11 +223,20 @@ pub(crate) async fn describe(
         )
         .await
         .map_err(SourceError::Sql)?;
+    let listed = |c: &tokio_postgres::Row, list: &[String]| {
+        c.col::<&str>(1)
+            .is_ok_and(|name| list.iter().any(|l| l == name))
+    };
+    // A list of every column is no list: a column added later is published
+    // too, and the copy's check of the columns must see it come.
+    if column_list
+        .as_ref()
+        .is_some_and(|list| columns.iter().all(|c| listed(c, list)))
+    {
+        column_list = None;
+    }
     if let Some(list) = &column_list {
-        columns.retain(|c| {
-            c.col::<&str>(1)
-                .is_ok_and(|name| list.iter().any(|l| l == name))
-        });
+        columns.retain(|c| listed(c, list));
     }
     let indexes = client
         .query(

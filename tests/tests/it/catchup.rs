@@ -425,6 +425,21 @@ async fn catching_up(
     (client, cfg)
 }
 
+/// Terminates the catch-up's reading session, found by its copy of the
+/// slot.
+async fn kill_the_reading_session(client: &tokio_postgres::Client) {
+    let killed = client
+        .query_one(
+            "SELECT count(pg_terminate_backend(active_pid)) FROM pg_replication_slots
+             WHERE slot_name LIKE 'datum_catchup_%' AND active_pid IS NOT NULL",
+            &[],
+        )
+        .await
+        .expect("terminate")
+        .get::<_, i64>(0);
+    assert_eq!(killed, 1, "the reading session, found by its copy");
+}
+
 /// `count` transactions of ten rows each into `t (id, body)`, ids from 0.
 async fn ten_row_transactions(client: &tokio_postgres::Client, count: u32) {
     let last = count.saturating_sub(1);
@@ -626,16 +641,7 @@ async fn a_catch_up_whose_reading_session_is_killed_mid_window_loses_nothing() {
         source.checkpoint(&batch);
         take(&batch, &mut ids);
     }
-    let killed = client
-        .query_one(
-            "SELECT count(pg_terminate_backend(active_pid)) FROM pg_replication_slots
-             WHERE slot_name LIKE 'datum_catchup_%' AND active_pid IS NOT NULL",
-            &[],
-        )
-        .await
-        .expect("terminate")
-        .get::<_, i64>(0);
-    assert_eq!(killed, 1, "the reading session, found by its copy");
+    kill_the_reading_session(&client).await;
     while ids.len() < ROWS as usize {
         let Ok(Some(batch)) = tokio::time::timeout(Duration::from_secs(10), source.rx.recv()).await
         else {
@@ -733,16 +739,7 @@ async fn a_catch_up_whose_reading_session_is_killed_goes_on_from_a_new_copy() {
         source.checkpoint(&batch);
         batches.push(batch);
     }
-    let killed = client
-        .query_one(
-            "SELECT count(pg_terminate_backend(active_pid)) FROM pg_replication_slots
-             WHERE slot_name LIKE 'datum_catchup_%' AND active_pid IS NOT NULL",
-            &[],
-        )
-        .await
-        .expect("terminate")
-        .get::<_, i64>(0);
-    assert_eq!(killed, 1, "the reading session, found by its copy");
+    kill_the_reading_session(&client).await;
     while inserted_ids(&batches).len() < 30_000 {
         let batch = source.next(30).await;
         source.checkpoint(&batch);
