@@ -11,10 +11,36 @@ use datum_tests::{cluster, connect, datum_bin, example_wasm_path};
 use serde_json::Value as Json;
 
 pub(crate) fn temp_dir(name: &str) -> PathBuf {
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    SWEPT.call_once(sweep_old_temp_dirs);
     let dir = std::env::temp_dir().join(format!("datum-run-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("temp dir");
     dir
+}
+
+/// Removes the directories `temp_dir` made for test processes more than an
+/// hour ago: every run of the suite left about a gigabyte behind. A failed
+/// test's directory stays a while, to look at; no test runs that long.
+fn sweep_old_temp_dirs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let ours = entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with("datum-run-"));
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|at| at.elapsed().ok())
+            .is_some_and(|age| age > Duration::from_secs(3600));
+        if ours && old {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 /// A `datum run` process.
