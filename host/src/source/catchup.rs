@@ -249,7 +249,7 @@ impl Reader<'_> {
     /// Assembles what the reading connection hands over and sends it
     /// downstream: true once caught up, false on shutdown. On a failure,
     /// what was read before it goes downstream first
-    /// ([`Downstream::failed`]).
+    /// ([`Downstream::settle`]).
     async fn consume(
         &mut self,
         lookups: &Client,
@@ -257,13 +257,12 @@ impl Reader<'_> {
         mut shutdown: Shutdown<'_>,
     ) -> Result<bool, SourceError> {
         let mut pending = Vec::new();
-        match self
+        let result = self
             .assemble_all(lookups, rx, &mut pending, shutdown.as_mut())
+            .await;
+        self.downstream()
+            .settle(result, &mut pending, shutdown)
             .await
-        {
-            Ok(caught) => Ok(caught),
-            Err(err) => Err(self.downstream().failed(err, &mut pending, shutdown).await),
-        }
     }
 
     fn downstream(&self) -> Downstream<'_> {

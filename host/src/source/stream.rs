@@ -334,30 +334,33 @@ impl Downstream<'_> {
         Ok(true)
     }
 
-    /// A session failed with `err` while `pending` held batches assembled
-    /// before the failure. They are whole transactions (or whole chunks of
-    /// one), and the assembler counts them as sent, so that the reconnect
-    /// skips what it sends again: they go downstream now, or they would be
-    /// lost. A shutdown meanwhile ends the source, and its restart reads
-    /// them again from the checkpoint. Returns the error to report.
-    pub(super) async fn failed(
+    /// How a session ended, `result`, once what it read is downstream: a
+    /// session that failed may have left batches assembled before the
+    /// failure in `pending`. They are whole transactions (or whole chunks
+    /// of one), and the assembler counts them as sent, so that the
+    /// reconnect skips what it sends again: they go downstream now, or they
+    /// would be lost. A shutdown meanwhile ends the source, and its restart
+    /// reads them again from the checkpoint.
+    pub(super) async fn settle<T>(
         self,
-        err: SourceError,
+        result: Result<T, SourceError>,
         pending: &mut Vec<Batch>,
         shutdown: Shutdown<'_>,
-    ) -> SourceError {
-        if pending.is_empty() {
-            return err;
-        }
+    ) -> Result<T, SourceError> {
+        let err = match result {
+            Ok(done) => return Ok(done),
+            Err(err) if pending.is_empty() => return Err(err),
+            Err(err) => err,
+        };
         let held = pending.len();
         match self.deliver_all(pending, shutdown).await {
             Ok(_) => {
                 tracing::debug!(batches = held, error = %err, "batches read before the failure went downstream");
-                err
+                Err(err)
             }
             Err(delivering) => {
                 tracing::warn!(error = %err, "the session failed, then handing over what it had read failed too");
-                delivering
+                Err(delivering)
             }
         }
     }
@@ -391,20 +394,19 @@ enum Flow {
 impl<'a> Session<'a> {
     /// Streams until `shutdown`, then hands back the open connection for
     /// the final status update. On a failure, what was read before it goes
-    /// downstream first ([`Downstream::failed`]).
+    /// downstream first ([`Downstream::settle`]).
     async fn run(
         &mut self,
         requested: Lsn,
         mut shutdown: Shutdown<'_>,
     ) -> Result<Exit, SourceError> {
         let mut pending = Vec::new();
-        match self
+        let result = self
             .stream(requested, &mut pending, shutdown.as_mut())
+            .await;
+        self.downstream()
+            .settle(result, &mut pending, shutdown)
             .await
-        {
-            Ok(exit) => Ok(exit),
-            Err(err) => Err(self.downstream().failed(err, &mut pending, shutdown).await),
-        }
     }
 
     fn downstream(&self) -> Downstream<'_> {
