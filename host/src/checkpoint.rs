@@ -926,9 +926,12 @@ struct VersionNote {
 
 impl Store {
     /// Stores a new version of `module` (`PIPELINE/NAME`); returns its number.
-    /// Versions older than the newest `keep` are pruned, except the active
-    /// one, so rollback has somewhere to go and the file does not grow
-    /// without bound.
+    /// Versions older than the newest `keep` are pruned, so rollback has
+    /// somewhere to go and the file does not grow without bound; never the
+    /// active one, the newest the configuration file deployed (a restart
+    /// compares the file with it: pruned, the file would count as changed
+    /// and replace the active version), or the newest canary (promoted
+    /// later, it becomes the active one).
     pub fn add_module_version(
         &self,
         module: &str,
@@ -957,26 +960,44 @@ impl Store {
             let mut table = txn
                 .open_table(MODULE_VERSIONS)
                 .map_err(|e| self.storage(e))?;
-            let existing: Vec<u64> = table
+            // Each stored version's number and origin.
+            let existing: Vec<(u64, String)> = table
                 .range((module, 0)..=(module, u64::MAX))
                 .map_err(|e| self.storage(e))?
-                .map(|entry| entry.map(|(k, _)| k.value().1))
+                .map(|entry| {
+                    entry.map(|(k, v)| {
+                        let origin = serde_json::from_str::<VersionNote>(v.value().3)
+                            .map(|n| n.origin)
+                            .unwrap_or_default();
+                        (k.value().1, origin)
+                    })
+                })
                 .collect::<Result<_, _>>()
                 .map_err(|e| self.storage(e))?;
-            let version = existing.last().copied().unwrap_or(0) + 1;
+            let version = existing.last().map_or(0, |(v, _)| *v) + 1;
             table
                 .insert(
                     (module, version),
                     (sha256.as_bytes(), wasm, stored_at, note.as_str()),
                 )
                 .map_err(|e| self.storage(e))?;
-            // Keep the newest `keep` (the new one among them) and the active.
+            let newest = |of: &str| {
+                (origin != of)
+                    .then(|| {
+                        existing
+                            .iter()
+                            .rev()
+                            .find(|(_, o)| o == of)
+                            .map(|(v, _)| *v)
+                    })
+                    .flatten()
+            };
+            let kept = [active, newest("config"), newest("canary")];
+            // Keep the newest `keep` (the new one among them) and those.
             let keep = keep.max(2);
-            let mut all = existing;
-            all.push(version);
-            let cut = all.len().saturating_sub(keep);
-            for old in &all[..cut] {
-                if Some(*old) != active {
+            let cut = (existing.len() + 1).saturating_sub(keep);
+            for (old, _) in &existing[..cut.min(existing.len())] {
+                if !kept.contains(&Some(*old)) {
                     table.remove((module, *old)).map_err(|e| self.storage(e))?;
                 }
             }
@@ -1161,6 +1182,54 @@ mod tests {
             commit_time: 1,
             written_at: 0,
         }
+    }
+
+    /// Uploads beyond the versions kept used to prune the version the
+    /// configuration file deployed (a restart then took the file for a
+    /// new deploy and replaced the active module with it) and a canary's
+    /// version before its promotion.
+    #[test]
+    fn pruning_keeps_the_active_the_file_s_and_the_canary_s_versions() {
+        let dir = tempdir();
+        let store = Store::open(dir.join("state.redb")).expect("create");
+        let add = |origin: &str| {
+            store
+                .add_module_version("p/m", b"\0asm", "", origin, 0, 3)
+                .expect("add")
+                .version
+        };
+        let from_file = add("config");
+        store
+            .activate_module_version("p/m", from_file, Lsn(1))
+            .expect("activate");
+        let canary = add("canary");
+        let active = add("upload");
+        store
+            .activate_module_version("p/m", active, Lsn(2))
+            .expect("activate");
+        let mut newest = 0;
+        for _ in 0..12 {
+            newest = add("upload");
+        }
+        let kept: Vec<u64> = store
+            .module_versions("p/m")
+            .expect("versions")
+            .iter()
+            .map(|v| v.version)
+            .collect();
+        assert_eq!(
+            kept,
+            vec![from_file, canary, active, newest - 2, newest - 1, newest]
+        );
+        // A newer deploy through the file frees the older one.
+        let again = add("config");
+        let kept: Vec<u64> = store
+            .module_versions("p/m")
+            .expect("versions")
+            .iter()
+            .map(|v| v.version)
+            .collect();
+        assert_eq!(kept, vec![canary, active, newest - 1, newest, again]);
     }
 
     #[test]

@@ -64,6 +64,11 @@ pub struct SlotInfo {
 pub struct ActiveChain {
     state: Mutex<ChainState>,
     wake: Notify,
+    /// One swap, rollback or promotion at a time. Each publishes, then
+    /// records the activation in the state file; two at once could record
+    /// in the other order than they published, and the state file (what a
+    /// restart loads) would name another version than the one running.
+    swaps: tokio::sync::Mutex<()>,
 }
 
 #[derive(Debug)]
@@ -95,6 +100,7 @@ impl ActiveChain {
                 waiters: Vec::new(),
             }),
             wake: Notify::new(),
+            swaps: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -189,10 +195,22 @@ impl ActiveChain {
     /// For the transform thread, on its way out, after `boundary`.
     pub(crate) fn detach(&self, boundary: Lsn) {
         let mut state = self.lock();
-        state.running = false;
         state.boundary = boundary;
+        Self::unattended(&mut state);
+    }
+
+    /// For a transform thread that panicked (it cannot say where it
+    /// stopped): publications waiting for it are answered with the last
+    /// boundary it adopted at, instead of waiting for ever, and later ones
+    /// resolve at once.
+    pub(crate) fn abandon(&self) {
+        Self::unattended(&mut self.lock());
+    }
+
+    fn unattended(state: &mut ChainState) {
+        state.running = false;
         state.applied = state.generation;
-        let generation = state.applied;
+        let (generation, boundary) = (state.applied, state.boundary);
         answer(&mut state.waiters, generation, boundary);
     }
 
@@ -437,7 +455,8 @@ pub(crate) async fn store_version(
 }
 
 /// Re-activates a stored version (`None`: the one active before the
-/// current).
+/// current). The state file's reads and the compilation run off the async
+/// workers, as an upload's do.
 pub(crate) async fn rollback(
     engine: &Engine,
     store: &Arc<Store>,
@@ -451,31 +470,43 @@ pub(crate) async fn rollback(
         .into_iter()
         .find(|s| s.name == name)
         .ok_or_else(|| no_transform(pipeline, name))?;
-    let versions = store.module_versions(&slot.key)?;
-    let target = match to {
-        Some(v) => v,
-        None => previous_version(&store.module_activations(&slot.key)?, slot.version).ok_or_else(
-            || {
+    let _one_at_a_time = chain.swaps.lock().await;
+    let (engine, blocking_store, key, blocking_name) = (
+        engine.clone(),
+        store.clone(),
+        slot.key.clone(),
+        name.to_owned(),
+    );
+    let (current, limits) = (slot.version, slot.limits);
+    let (module, target, config, fixtures) = tokio::task::spawn_blocking(move || {
+        let (store, name) = (blocking_store, blocking_name);
+        let versions = store.module_versions(&key)?;
+        let target = match to {
+            Some(v) => v,
+            None => {
+                previous_version(&store.module_activations(&key)?, current).ok_or_else(|| {
+                    SwapError::NotFound(format!(
+                        "transform `{name}` has no earlier version to roll back to"
+                    ))
+                })?
+            }
+        };
+        let kept: Vec<String> = versions.iter().map(|v| v.version.to_string()).collect();
+        let version = versions
+            .into_iter()
+            .find(|v| v.version == target)
+            .ok_or_else(|| {
                 SwapError::NotFound(format!(
-                    "transform `{name}` has no earlier version to roll back to"
+                    "transform `{name}` has no stored version {target} (stored: {})",
+                    kept.join(", ")
                 ))
-            },
-        )?,
-    };
-    let version = versions
-        .iter()
-        .find(|v| v.version == target)
-        .ok_or_else(|| {
-            let kept: Vec<String> = versions.iter().map(|v| v.version.to_string()).collect();
-            SwapError::NotFound(format!(
-                "transform `{name}` has no stored version {target} (stored: {})",
-                kept.join(", ")
-            ))
-        })?;
-    let module = compile(engine, name, &version.wasm, &version.config, slot.limits)?;
-    let config = version.config.clone();
-    let fixtures = version.fixtures;
-    activate(
+            })?;
+        let module = compile(&engine, &name, &version.wasm, &version.config, limits)?;
+        Ok::<_, SwapError>((module, target, version.config, version.fixtures))
+    })
+    .await
+    .map_err(|e| SwapError::Internal(format!("compiling the stored version: {e}")))??;
+    publish_and_record(
         store, chain, pipeline, slot, module, target, config, fixtures,
     )
     .await
@@ -492,9 +523,29 @@ fn previous_version(activations: &[Activation], current: u64) -> Option<u64> {
 }
 
 /// Publishes `module` as `version` of `slot`'s transform and records the
-/// activation; a canary's promotion comes this way too.
+/// activation, one swap of the chain at a time; a canary's promotion comes
+/// this way too.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn activate(
+    store: &Arc<Store>,
+    chain: &ActiveChain,
+    pipeline: &str,
+    slot: Slot,
+    module: Module,
+    version: u64,
+    config: String,
+    fixtures: u64,
+) -> Result<Swapped, SwapError> {
+    let _one_at_a_time = chain.swaps.lock().await;
+    publish_and_record(
+        store, chain, pipeline, slot, module, version, config, fixtures,
+    )
+    .await
+}
+
+/// [`activate`], for a caller that holds the chain's turn to swap.
+#[allow(clippy::too_many_arguments)]
+async fn publish_and_record(
     store: &Arc<Store>,
     chain: &ActiveChain,
     pipeline: &str,

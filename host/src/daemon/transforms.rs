@@ -125,9 +125,23 @@ pub(crate) fn spawn(
         .name(format!("datum-transform-{name}"))
         .spawn(move || {
             let _entered = span.enter();
+            let _abandon = AbandonOnPanic(stage.active.clone());
             lanes.run(stage, &runtime);
         })
         .expect("spawning the transform thread")
+}
+
+/// Tells the chain when the transform thread dies by a panic, so that a
+/// swap waiting for the thread to adopt it is answered instead of waiting
+/// for ever (and holding the chain's turn to swap).
+struct AbandonOnPanic(Arc<ActiveChain>);
+
+impl Drop for AbandonOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.abandon();
+        }
+    }
 }
 
 /// The module chain and what it reports to.
@@ -495,6 +509,60 @@ mod tests {
     use super::*;
     use crate::event::{Column, Relation, ReplicaIdentity};
     use datum_guest::{Txn, Value};
+
+    /// A transform thread that panicked left a swap waiting for it for
+    /// ever, holding the chain's turn: every later swap, rollback and
+    /// promotion hung too.
+    #[test]
+    fn a_swap_waiting_for_a_transform_thread_that_panics_is_answered() {
+        let engine =
+            crate::transform::Engine::new(crate::transform::engine::EngineOptions::default())
+                .expect("engine");
+        let wat = r#"(module
+  (memory (export "memory") 1)
+  (func (export "datum_abi_v1"))
+  (func (export "datum_alloc") (param i32) (result i32) (i32.const 4096))
+  (func (export "datum_dealloc") (param i32 i32))
+  (func (export "datum_transform") (param i32 i32) (result i64) (i64.const 0)))"#;
+        let limits = crate::transform::Limits::default();
+        let module = crate::transform::Module::new(&engine, "m", wat.as_bytes(), limits, vec![])
+            .expect("module");
+        let slot = crate::daemon::hotswap::Slot {
+            name: "m".into(),
+            key: "p/m".into(),
+            module,
+            version: 1,
+            config: String::new(),
+            limits,
+        };
+        let active = ActiveChain::new(vec![slot.clone()], Lsn(16));
+        let _ = active.attach(Lsn(32));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime");
+        let (started_tx, started_rx) = std::sync::mpsc::channel::<()>();
+        let thread = {
+            let active = active.clone();
+            std::thread::spawn(move || {
+                let _abandon = AbandonOnPanic(active);
+                let _ = started_rx.recv();
+                panic!("the transform thread fails");
+            })
+        };
+        let answered = runtime.block_on(async {
+            let publish = active.publish(crate::daemon::hotswap::Slot { version: 2, ..slot });
+            tokio::pin!(publish);
+            // Waiting for the thread to adopt it...
+            let waiting = tokio::time::timeout(Duration::from_millis(50), &mut publish).await;
+            assert!(waiting.is_err(), "the swap waits for the thread");
+            // ...which panics.
+            let _ = started_tx.send(());
+            tokio::time::timeout(Duration::from_secs(5), publish).await
+        });
+        assert!(thread.join().is_err(), "the thread panicked");
+        assert_eq!(answered, Ok(Some(Lsn(32))), "the swap was answered");
+    }
 
     fn table(oid: u32) -> Arc<Relation> {
         Arc::new(Relation {

@@ -333,6 +333,69 @@ async fn fifty_swaps_under_a_running_writer_lose_and_duplicate_nothing() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Two swaps of one module sent at once: each publishes its version and
+/// then records the activation in the state file. The records used to
+/// race, so the state file could name the version published first while
+/// the other ran, and a restart then silently switched module. Swaps of a
+/// chain now take turns: after every pair, the last activation recorded is
+/// the version running, and a restart keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn swaps_sent_at_once_leave_the_state_file_naming_the_version_that_runs() {
+    let setup = Setup::new("admin-swap-race").await;
+    let (pg, client, dir, port) = (&setup.pg, &setup.client, &setup.dir, setup.port);
+    let config = config(pg, port, "", &tagger_transform());
+    let host = Host::start(dir, &config);
+    let admin = Admin::new(port);
+    admin.wait_running(&host).await;
+    wait_for_slots(client, &["datum_p"], &host).await;
+    // A writer, so that both swaps wait for the same transaction boundary
+    // and are answered together.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let writer = spawn_writer(
+        pg.conninfo("postgres"),
+        1,
+        Duration::from_millis(5),
+        stop_rx,
+    );
+    let wasm = example_wasm("tagger");
+    let running_and_recorded = || async {
+        let (status, module) = admin.get("/v1/pipelines/p/modules/tagger").await;
+        assert_eq!(status, 200, "{module}");
+        let running = module["active"]["version"].as_u64().expect("version");
+        let recorded = module["activations"]
+            .as_array()
+            .and_then(|a| a.last())
+            .and_then(|a| a["version"].as_u64())
+            .expect("an activation");
+        (running, recorded, module)
+    };
+    for round in 0..12 {
+        let (tag_a, tag_b) = (format!("a{round}"), format!("b{round}"));
+        let (a, b) = tokio::join!(
+            admin.publish_tagger(&wasm, &tag_a),
+            admin.publish_tagger(&wasm, &tag_b),
+        );
+        assert!(a["version"] != b["version"], "{a} {b}");
+        let (running, recorded, module) = running_and_recorded().await;
+        assert_eq!(
+            running, recorded,
+            "round {round}: the state file's last activation is not the version running: {module}"
+        );
+    }
+    let _ = stop_tx.send(true);
+    writer.await.expect("writer");
+    let (running, _, _) = running_and_recorded().await;
+    let (status, log) = host.stop(30);
+    assert!(status.success(), "{log}");
+    let host = Host::start(dir, &config);
+    admin.wait_running(&host).await;
+    let (after_restart, _) = admin.active_version("tagger").await;
+    assert_eq!(after_restart, running, "a restart switched module");
+    let (status, log) = host.stop(30);
+    assert!(status.success(), "{log}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// Versions published while a copy runs, its rows held back in parts for
 /// live changes to pass: each is adopted between transactions with nothing
 /// held, so every change, copied rows included, went through the version in
