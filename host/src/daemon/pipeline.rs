@@ -822,8 +822,8 @@ impl<S: Sink> Delivery<'_, S> {
             Failure::Sink(refused),
         )
         .await?;
-        if ack == Ack::Batch {
-            self.feedback.ack(transformed.txn());
+        if let Some(txn) = ack.acknowledges(transformed.txn()) {
+            self.feedback.ack(&txn);
         }
         Ok(true)
     }
@@ -838,11 +838,11 @@ impl<S: Sink> Delivery<'_, S> {
             self.counters
                 .changes_written
                 .fetch_add(transformed.len() as u64, Ordering::Relaxed);
-            if *ack == Ack::Batch {
+            if let Some(txn) = ack.acknowledges(transformed.txn()) {
                 self.counters
                     .batches_written
                     .fetch_add(1, Ordering::Relaxed);
-                self.feedback.ack(transformed.txn());
+                self.feedback.ack(&txn);
             }
         }
     }
@@ -875,8 +875,8 @@ impl<S: Sink> Delivery<'_, S> {
             Failure::Module(error),
         )
         .await?;
-        if ack == Ack::Batch {
-            self.feedback.ack(&batch.txn);
+        if let Some(txn) = ack.acknowledges(&batch.txn) {
+            self.feedback.ack(&txn);
         }
         Ok(())
     }

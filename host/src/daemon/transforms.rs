@@ -49,6 +49,7 @@ use crate::event::{Batch, BatchLimits, Change, Lsn};
 use crate::source::shapes::Tracker;
 use crate::transform::Transformed;
 use crate::transform::chain::{Chain, ChainError};
+use datum_guest::Txn;
 
 /// Rows of a held batch run through the chain and handed to the sink at a
 /// time: about 1 ms of work for the `identity` module and the file sink.
@@ -65,12 +66,27 @@ const LIVE_RECENT: Duration = Duration::from_millis(100);
 /// Whether delivering something acknowledges its source batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Ack {
-    /// The whole batch, or its last part: delivered, the batch is
-    /// acknowledged.
+    /// The whole batch: delivered, it is acknowledged.
     Batch,
     /// A part before the last: its batch is acknowledged with the last part
     /// (parts of a batch reach the sink stage in order).
     Later,
+    /// The last part of a batch cut into parts: delivered, the batch is
+    /// acknowledged as the transaction chunk it came as (the parts carry
+    /// chunk numbers of their own).
+    LastPart(Txn),
+}
+
+impl Ack {
+    /// The transaction chunk that delivering `txn`'s batch or part
+    /// acknowledges, if any.
+    pub(crate) fn acknowledges(self, txn: &Txn) -> Option<Txn> {
+        match self {
+            Ack::Batch => Some(*txn),
+            Ack::Later => None,
+            Ack::LastPart(batch) => Some(batch),
+        }
+    }
 }
 
 /// What the transform stage hands the sink stage.
@@ -388,6 +404,9 @@ struct Held {
     cost: usize,
     /// `snapshot.order = "commit"`: nothing passes what is held.
     commit_order: bool,
+    /// The first held batch's transaction chunk as it came, once parts of
+    /// it went.
+    parted: Option<Txn>,
 }
 
 /// The tables a batch touches, each once; `None` when it carries a logical
@@ -478,11 +497,25 @@ impl Held {
             let bytes = share.saturating_mul(changes.len()).min(first.bytes);
             first.bytes -= bytes;
             self.cost = self.cost.saturating_sub(before) + first.cost(limits);
+            // Parts are numbered like the chunks of a large transaction:
+            // each its own chunk number, only the last with `last` and
+            // `end_lsn`. Sinks name a message by its transaction, chunk and
+            // place (NATS's message id, HTTP's idempotency key), and parts
+            // that shared one chunk number were taken for replays of the
+            // first and dropped. A copy's rows ride in the batch of the
+            // high watermark's own one-change transaction, so no later
+            // chunk of it can have these numbers.
             let part = Batch {
-                txn: first.txn,
+                txn: Txn {
+                    last: false,
+                    end_lsn: 0,
+                    ..first.txn
+                },
                 changes,
                 bytes,
             };
+            self.parted.get_or_insert(first.txn);
+            first.txn.chunk = first.txn.chunk.saturating_add(1);
             return Some((part, Ack::Later));
         }
         let batch = self.batches.pop_front()?;
@@ -500,7 +533,8 @@ impl Held {
                 }
             }
         }
-        Some((batch, Ack::Batch))
+        let ack = self.parted.take().map_or(Ack::Batch, Ack::LastPart);
+        Some((batch, ack))
     }
 }
 
@@ -685,13 +719,31 @@ mod tests {
             vec![
                 (PART_ROWS, Ack::Later),
                 (PART_ROWS, Ack::Later),
-                (PART_ROWS / 2, Ack::Batch),
+                (PART_ROWS / 2, Ack::LastPart(txn)),
                 (1, Ack::Batch),
             ]
         );
-        assert!(
-            parts[..3].iter().all(|(b, _)| b.txn == txn),
-            "parts keep their transaction"
+        // Parts keep their transaction and are numbered like its chunks:
+        // only the last says it is, with the end LSN.
+        let txns: Vec<(u32, u64, u32, bool, u64)> = parts[..3]
+            .iter()
+            .map(|(b, _)| {
+                (
+                    b.txn.xid,
+                    b.txn.commit_lsn,
+                    b.txn.chunk,
+                    b.txn.last,
+                    b.txn.end_lsn,
+                )
+            })
+            .collect();
+        assert_eq!(
+            txns,
+            vec![
+                (txn.xid, txn.commit_lsn, 0, false, 0),
+                (txn.xid, txn.commit_lsn, 1, false, 0),
+                (txn.xid, txn.commit_lsn, 2, true, txn.end_lsn),
+            ]
         );
         assert_eq!(
             parts[..3].iter().map(|(b, _)| b.bytes).sum::<usize>(),
