@@ -72,9 +72,9 @@ pub(crate) enum Ack {
     /// (parts of a batch reach the sink stage in order).
     Later,
     /// The last part of a batch cut into parts: delivered, the batch is
-    /// acknowledged as the transaction chunk it came as (the parts carry
-    /// chunk numbers of their own).
-    LastPart(Txn),
+    /// acknowledged as the transaction chunk it came as, this one (the
+    /// parts carry chunk numbers of their own).
+    LastPart(u32),
 }
 
 impl Ack {
@@ -84,7 +84,7 @@ impl Ack {
         match self {
             Ack::Batch => Some(*txn),
             Ack::Later => None,
-            Ack::LastPart(batch) => Some(batch),
+            Ack::LastPart(chunk) => Some(Txn { chunk, ..*txn }),
         }
     }
 }
@@ -404,9 +404,9 @@ struct Held {
     cost: usize,
     /// `snapshot.order = "commit"`: nothing passes what is held.
     commit_order: bool,
-    /// The first held batch's transaction chunk as it came, once parts of
-    /// it went.
-    parted: Option<Txn>,
+    /// The first held batch's transaction chunk number as it came, once
+    /// parts of it went.
+    parted: Option<u32>,
 }
 
 /// The tables a batch touches, each once; `None` when it carries a logical
@@ -514,7 +514,7 @@ impl Held {
                 changes,
                 bytes,
             };
-            self.parted.get_or_insert(first.txn);
+            self.parted.get_or_insert(first.txn.chunk);
             first.txn.chunk = first.txn.chunk.saturating_add(1);
             return Some((part, Ack::Later));
         }
@@ -719,7 +719,7 @@ mod tests {
             vec![
                 (PART_ROWS, Ack::Later),
                 (PART_ROWS, Ack::Later),
-                (PART_ROWS / 2, Ack::LastPart(txn)),
+                (PART_ROWS / 2, Ack::LastPart(txn.chunk)),
                 (1, Ack::Batch),
             ]
         );
@@ -745,6 +745,9 @@ mod tests {
                 (txn.xid, txn.commit_lsn, 2, true, txn.end_lsn),
             ]
         );
+        // The last part acknowledges the batch as the chunk it came as.
+        assert_eq!(parts[2].1.acknowledges(&parts[2].0.txn), Some(txn));
+        assert_eq!(parts[1].1.acknowledges(&parts[1].0.txn), None);
         assert_eq!(
             parts[..3].iter().map(|(b, _)| b.bytes).sum::<usize>(),
             bytes
