@@ -373,6 +373,36 @@ async fn with_apply_the_target_follows_an_added_column_and_a_widened_type() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A column of a type whose name is not all lowercase (an enum named
+/// `"Mood"`, as ORMs make them): the type went into `ADD COLUMN` unquoted,
+/// the target folded it to `mood`, and the pipeline stopped at "type does
+/// not exist".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_apply_a_column_of_a_mixed_case_type_is_added() {
+    let pg = cluster();
+    let (src, dst, dir, _port, config) = into_postgres(
+        &pg,
+        "CREATE TYPE \"Mood\" AS ENUM ('ok', 'sad'); CREATE TABLE t (id int PRIMARY KEY)",
+        "schema-mixed-case",
+        "apply",
+    )
+    .await;
+    src.batch_execute("INSERT INTO t VALUES (1)")
+        .await
+        .expect("row");
+    let host = Host::start(&dir, &config);
+    wait_equal(&src, &dst, "SELECT * FROM t ORDER BY id", &host, 60).await;
+    src.batch_execute(
+        "ALTER TABLE t ADD COLUMN m \"Mood\", ADD COLUMN ms \"Mood\"[]; \
+         INSERT INTO t VALUES (2, 'sad', '{ok,sad}')",
+    )
+    .await
+    .expect("add");
+    let count = wait_equal(&src, &dst, "SELECT * FROM t ORDER BY id", &host, 60).await;
+    assert_eq!(count, 2);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Under the default `schema_changes = "fail"`, an added column stops the
 /// pipeline at the batch that announces it, with the statement to run; the
 /// rows before it are in the target, the ones after are not. Once the

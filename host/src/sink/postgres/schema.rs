@@ -217,7 +217,7 @@ fn needed_for_columns(
                     "ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {}",
                     target.sql(),
                     quote_ident(&column.name),
-                    column.sql_type
+                    type_sql(&column.sql_type)
                 ),
                 safe: true,
             });
@@ -239,7 +239,7 @@ fn needed_for_columns(
                 "ALTER TABLE {} ALTER COLUMN {} TYPE {}",
                 target.sql(),
                 quote_ident(&after.name),
-                after.sql_type
+                type_sql(&after.sql_type)
             ),
             safe: column.sql_type == before.sql_type && widens(&before.sql_type, &after.sql_type),
         });
@@ -276,6 +276,73 @@ fn rename_table(old: &Target, new: &Target) -> String {
             quote_ident(&old.table),
             quote_ident(&new.table)
         )
+    }
+}
+
+/// A column's type (`sql_type`: as the catalog names it, with its
+/// modifier as DDL writes it) as it may go into a statement: each part of
+/// the name as it is when it is a plain lowercase identifier (`int4`,
+/// `timestamptz(3)`, `public.mood`), quoted otherwise (`public."Mood"`);
+/// the modifier only when it is one or two integers. Anything else is
+/// quoted whole as one name, which the target then does not know as a
+/// type: a type a module or the source made up never runs as SQL.
+fn type_sql(sql_type: &str) -> String {
+    fn plain(part: &str) -> bool {
+        let mut chars = part.chars();
+        chars
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+            && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+    }
+    fn name(text: &str) -> Option<String> {
+        let parts: Vec<&str> = match text.split_once('.') {
+            Some((schema, name)) => vec![schema, name],
+            None => vec![text],
+        };
+        if parts.iter().any(|p| p.is_empty()) {
+            return None;
+        }
+        let quoted: Vec<String> = parts
+            .iter()
+            .map(|p| {
+                if plain(p) {
+                    (*p).to_owned()
+                } else {
+                    quote_ident(p)
+                }
+            })
+            .collect();
+        Some(quoted.join("."))
+    }
+    fn modifier(inside: &str) -> Option<String> {
+        let numbers: Vec<i64> = inside
+            .split(',')
+            .map(|n| n.trim().parse().ok())
+            .collect::<Option<_>>()?;
+        (1..=2).contains(&numbers.len()).then(|| {
+            format!(
+                "({})",
+                numbers
+                    .iter()
+                    .map(i64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )
+        })
+    }
+    let mut text = sql_type;
+    let mut arrays = 0;
+    while let Some(rest) = text.strip_suffix("[]") {
+        text = rest;
+        arrays += 1;
+    }
+    let rendered = match text.strip_suffix(')').and_then(|t| t.rsplit_once('(')) {
+        Some((base, inside)) => name(base).zip(modifier(inside)).map(|(n, m)| n + &m),
+        None => name(text),
+    };
+    match rendered {
+        Some(rendered) => rendered + &"[]".repeat(arrays),
+        None => quote_ident(sql_type),
     }
 }
 
@@ -342,6 +409,36 @@ fn widens(from: &str, to: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A type went into `ADD COLUMN` and `ALTER COLUMN … TYPE` as it came,
+    /// unquoted: a mixed-case type failed as an unknown lowercase one, and
+    /// a module's schema change could run any SQL on the target.
+    #[test]
+    fn a_type_goes_into_a_statement_quoted_where_it_must_be() {
+        for (given, sql) in [
+            ("int4", "int4"),
+            ("varchar(20)", "varchar(20)"),
+            ("numeric(12,-2)", "numeric(12,-2)"),
+            ("timestamptz(3)", "timestamptz(3)"),
+            ("int4[]", "int4[]"),
+            ("public.mood", "public.mood"),
+            ("public.Mood", "public.\"Mood\""),
+            ("public.Mood[][]", "public.\"Mood\"[][]"),
+            ("my schema.my\"type", "\"my schema\".\"my\"\"type\""),
+            (
+                "text; DROP TABLE accounts; --",
+                "\"text; DROP TABLE accounts; --\"",
+            ),
+            (
+                "int4(1); DROP TABLE a; --)",
+                "\"int4(1); DROP TABLE a; --)\"",
+            ),
+            ("varchar(1) ; x", "\"varchar(1) ; x\""),
+            ("", "\"\""),
+        ] {
+            assert_eq!(type_sql(given), sql, "{given}");
+        }
+    }
 
     #[test]
     fn only_changes_that_keep_every_value_widen() {
