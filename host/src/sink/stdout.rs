@@ -70,7 +70,10 @@ impl Sink for StdoutSink {
                 if crate::console::note(&e) {
                     SinkError::gone("standard output was closed by its reader")
                 } else {
-                    SinkError::definite(format!("writing to standard output: {e}"))
+                    // A full disk, an I/O error, a pipe that would block:
+                    // retried, like the file sink's, never skipped as a
+                    // refusal of the batch.
+                    SinkError::transient(format!("writing to standard output: {e}"))
                 }
             })?;
         self.written += self.buffer.len() as u64;

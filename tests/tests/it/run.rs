@@ -898,6 +898,61 @@ sink = {{ type = "stdout" }}
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Standard output on a full disk (`/dev/full`): every write fails with
+/// ENOSPC. That was a definite refusal of the batch, so under
+/// `on_error = "skip"` the rows were acknowledged unwritten. It is retried
+/// now, and the slot stays where it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stdout_sink_on_a_full_disk_retries_and_acknowledges_nothing() {
+    let dir = temp_dir("full-stdout");
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    client
+        .batch_execute("CREATE TABLE t (id int PRIMARY KEY)")
+        .await
+        .expect("schema");
+    let config = format!(
+        r#"
+state = "state.redb"
+
+[[pipeline]]
+name = "full"
+source.url = {url}
+source.tables = ["public.t"]
+sink = {{ type = "stdout" }}
+on_error = "skip"
+"#,
+        url = toml_string(&pg.conninfo("postgres")),
+    );
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .expect("/dev/full");
+    let host = Host::spawn(&dir, &config, full.into());
+    wait_for_slots(&client, &["datum_full"], &host).await;
+    let before = crate::checkpoint::confirmed_flush(&client, "datum_full").await;
+    client
+        .batch_execute("INSERT INTO t SELECT generate_series(1, 10)")
+        .await
+        .expect("rows");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !host.log().contains("sink write failed; retrying") {
+        assert!(Instant::now() < deadline, "no retry:\n{}", host.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        crate::checkpoint::confirmed_flush(&client, "datum_full").await,
+        before,
+        "the slot moved past rows that were never written:\n{}",
+        host.log()
+    );
+    let log = host.log();
+    assert!(!log.contains("skipped"), "{log}");
+    let (_status, _log) = host.stop(30);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A module that is not there is named by its absolute path, resolved
 /// against the configuration file's directory (it was shown as given,
 /// `missing.wasm`, whatever directory `datum` was started from).
