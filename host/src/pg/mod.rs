@@ -15,6 +15,6 @@ pub(crate) mod tls;
 
 pub(crate) use connect::{ConnectError, connect};
 pub(crate) use conninfo::{ConnInfo, Host, SslMode};
-pub(crate) use error::{error_chain, transient_sqlstate};
+pub(crate) use error::{error_chain, sqlstate_class, transient_sqlstate};
 pub(crate) use quote::{quote_ident, quote_literal};
 pub(crate) use tls::TlsError;

@@ -298,7 +298,7 @@ fn failure(err: tokio_postgres::Error, what: &str, table: Option<&Target>) -> Fa
     if let Some(detail) = db.detail() {
         server.push_str(&format!(" ({detail})"));
     }
-    let class = &code[..code.len().min(2)];
+    let class = crate::pg::sqlstate_class(code);
     let transient = matches!(class, "08" | "40" | "53" | "57" | "58") || code == "55P03";
     let message = match (code, table) {
         ("42P01", Some(t)) => format!(
