@@ -204,6 +204,9 @@ pub async fn serve(
         .as_ref()
         .map(|t| t.0.clone())
         .or_else(|| std::env::var("DATUM_ADMIN_TOKEN").ok())
+        // Trimmed as a client's is: a secret mounted from a file often
+        // ends with a newline, and then no client could ever match it.
+        .map(|t| t.trim().to_owned())
         .filter(|t| !t.is_empty());
     if !listen.ip().is_loopback() {
         match &configured {
@@ -1119,6 +1122,17 @@ async fn read_upload(app: &Arc<App>, request: Request) -> Result<Upload, ApiErro
                              NAME.config.toml or config.toml"
                         )));
                     }
+                    if upload.fixtures.iter().any(|(name, _)| *name == file) {
+                        return Err(ApiError::bad_request(format!(
+                            "the part `{file}` is sent twice: each fixture file once"
+                        )));
+                    }
+                    if upload.fixtures.len() >= MAX_FIXTURE_FILES {
+                        return Err(ApiError::bad_request(format!(
+                            "more than {MAX_FIXTURE_FILES} fixture files: send the cases that \
+                             prove this version, and run the whole suite with `datum test`"
+                        )));
+                    }
                     upload.fixtures.push((file, bytes.to_vec()));
                 }
             }
@@ -1191,12 +1205,18 @@ fn flag(query: Option<&str>, name: &str) -> Result<bool, ApiError> {
     Ok(on)
 }
 
-/// Runs `fixtures` (file name, bytes) against `wasm`: the number of cases
+/// Fixture files one upload may bring: each case runs under the
+/// transform's time limit, so they bound how long vetting an upload takes.
+const MAX_FIXTURE_FILES: usize = 600;
+
+/// Runs `fixtures` (file name, bytes) against `wasm` under the transform's
+/// `limits`, as its batches will run: the number of cases
 /// that passed, or the report of those that did not.
 fn run_fixtures(
     wasm: &[u8],
     config: &str,
     fixtures: &[(String, Vec<u8>)],
+    limits: crate::transform::Limits,
 ) -> Result<u64, SwapError> {
     let internal = |e: std::io::Error| SwapError::Internal(format!("fixtures: {e}"));
     // Removed when it goes out of scope, whatever the outcome.
@@ -1214,7 +1234,10 @@ fn run_fixtures(
     let summary = crate::golden::run_suite(
         &module,
         dir,
-        &crate::golden::Options::default(),
+        &crate::golden::Options {
+            limits: Some(limits),
+            ..crate::golden::Options::default()
+        },
         &mut report,
     )
     .map_err(|e| SwapError::Fixtures {
@@ -1286,7 +1309,7 @@ async fn vet(
         let passed = if fixtures.is_empty() {
             0
         } else {
-            run_fixtures(&wasm, &config, &fixtures)?
+            run_fixtures(&wasm, &config, &fixtures, slot.limits)?
         };
         Ok::<_, SwapError>(hotswap::Candidate {
             wasm,

@@ -140,6 +140,7 @@ pub fn dispatch(command: cli::Command) -> Result<Outcome, CommandError> {
                 config,
                 bless,
                 filter,
+                limits: None,
             },
         ),
         cli::Command::Record {

@@ -345,7 +345,11 @@ pub(crate) struct Runner {
 impl Runner {
     /// Loads the module at `path`; `config` is the configuration cases get
     /// unless their directory or they have their own.
-    pub(crate) fn load(path: &Path, config: Option<&toml::Table>) -> Result<Runner, GoldenError> {
+    pub(crate) fn load(
+        path: &Path,
+        config: Option<&toml::Table>,
+        limits: Limits,
+    ) -> Result<Runner, GoldenError> {
         let wasm = std::fs::read(path).map_err(io(path))?;
         crate::transform::check_binary(&wasm).map_err(|error| GoldenError::Module {
             path: path.to_owned(),
@@ -355,7 +359,7 @@ impl Runner {
             .file_stem()
             .and_then(|s| s.to_str())
             .unwrap_or("module");
-        Runner::from_bytes(name, &wasm, config).map_err(|error| GoldenError::Module {
+        Runner::from_bytes(name, &wasm, config, limits).map_err(|error| GoldenError::Module {
             path: path.to_owned(),
             error,
         })
@@ -366,12 +370,13 @@ impl Runner {
         name: &str,
         wasm: &[u8],
         config: Option<&toml::Table>,
+        limits: Limits,
     ) -> Result<Runner, TransformError> {
         let engine = fuel_engine()?;
         let config = config
             .map(crate::transform::encode_config)
             .unwrap_or_else(empty_config);
-        let module = Module::new(&engine, name, wasm, Limits::default(), config)?;
+        let module = Module::new(&engine, name, wasm, limits, config)?;
         Ok(Runner {
             module,
             path: PathBuf::from(name),
@@ -721,6 +726,9 @@ pub struct Options {
     pub bless: bool,
     /// Only the cases whose name contains this.
     pub filter: Option<String>,
+    /// The module's limits (default: [`Limits::default`]); an upload's
+    /// fixtures run under its transform's own, as its batches will.
+    pub limits: Option<Limits>,
 }
 
 /// A run's tally.
@@ -778,7 +786,11 @@ pub fn run_suite(
         .or_else(|| Some(dir.join(DIR_CONFIG)).filter(|p| p.exists()));
     let dir_config = dir_config_path.as_deref().map(read_config).transpose()?;
     let names = case_names(dir, options.filter.as_deref())?;
-    let runner = Runner::load(wasm, dir_config.as_ref())?;
+    let runner = Runner::load(
+        wasm,
+        dir_config.as_ref(),
+        options.limits.unwrap_or_default(),
+    )?;
     let out_err = |e| GoldenError::Io {
         path: PathBuf::from("<output>"),
         source: e,

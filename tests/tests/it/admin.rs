@@ -396,6 +396,98 @@ async fn swaps_sent_at_once_leave_the_state_file_naming_the_version_that_runs() 
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A token from the environment with a trailing newline (as a secret
+/// mounted from a file has): the host kept the newline and compared the
+/// client's trimmed token against it, so no client ever authenticated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_with_a_trailing_newline_still_authenticates() {
+    let setup = Setup::new("admin-token-newline").await;
+    let (pg, dir, port) = (&setup.pg, &setup.dir, setup.port);
+    let config = config(pg, port, "", "").replace(&format!("token = \"{TOKEN}\"\n"), "");
+    assert!(!config.contains(TOKEN), "{config}");
+    let host = Host::start_with(dir, &config, |command| {
+        command.env("DATUM_ADMIN_TOKEN", format!("{TOKEN}\n"));
+    });
+    let admin = Admin::new(port);
+    admin.wait_running(&host).await;
+    let (status, body) = admin.get("/v1/pipelines").await;
+    assert_eq!(status, 200, "{body}");
+    let (status, log) = host.stop(30);
+    assert!(status.success(), "{log}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// An upload's fixtures ran under default limits (a second per call), not
+/// the transform's: a version that times out on every live batch passed
+/// them and was activated. They run under the transform's own now. A
+/// fixture file sent twice is the client's mistake (`400`), not a `500`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_s_fixtures_run_under_the_transform_s_own_limits() {
+    let setup = Setup::new("admin-fixture-limits").await;
+    let (pg, dir, port) = (&setup.pg, &setup.dir, setup.port);
+    let transform = tagger_transform() + "limits = { timeout = \"100ms\" }\n";
+    let host = Host::start(dir, &config(pg, port, "", &transform));
+    let admin = Admin::new(port);
+    admin.wait_running(&host).await;
+    let before = admin.active_version("tagger").await;
+    let wasm = example_wasm("tagger");
+    let path = "/v1/pipelines/p/modules/tagger/versions";
+    let input =
+        br#"{"changes": [{"op": "insert", "table": "t", "key": ["id"], "new": {"id": 1}}]}"#;
+    let expected = br#"{"changes": [{"op": "insert", "table": "t", "key": ["id"], "new": {"id": 1, "tag": "v1"}}]}"#;
+    // About half a second a change: within the default limit, not within
+    // this transform's.
+    let (status, body) = admin
+        .upload_parts(
+            path,
+            &[
+                ("module", Some("tagger.wasm"), &wasm),
+                ("config", None, b"tag = \"v1\"\nspin = 300"),
+                ("fixture", Some("one.input.json"), input),
+                ("fixture", Some("one.expected.json"), expected),
+            ],
+        )
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (422, Some("fixtures_failed")),
+        "{body}"
+    );
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("timeout")),
+        "{body}"
+    );
+    assert_eq!(admin.active_version("tagger").await, before);
+    let (status, body) = admin
+        .upload_parts(
+            path,
+            &[
+                ("module", Some("tagger.wasm"), &wasm),
+                ("config", None, b"tag = \"v1\""),
+                ("fixture", Some("one.input.json"), input),
+                ("fixture", Some("one.input.json"), input),
+                ("fixture", Some("one.expected.json"), expected),
+            ],
+        )
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("invalid_request")),
+        "{body}"
+    );
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("sent twice")),
+        "{body}"
+    );
+    let (status, log) = host.stop(30);
+    assert!(status.success(), "{log}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// Versions published while a copy runs, its rows held back in parts for
 /// live changes to pass: each is adopted between transactions with nothing
 /// held, so every change, copied rows included, went through the version in
