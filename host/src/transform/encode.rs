@@ -6,6 +6,7 @@
 //! input of the next, and resolving a result envelope — kept input indexes
 //! and new changes — against the input it answers.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use datum_guest::wire::{self, Change as WireChange, Column as WireColumn, GuestError, Output};
@@ -15,6 +16,7 @@ use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::TransformError;
+use super::sandbox::guest_text;
 use crate::event::{Batch, Change, Column, OldRow, Relation};
 
 /// One change of a transformed batch: a source change passed through
@@ -391,12 +393,13 @@ pub(crate) fn decode_output(
     let outputs = match decode_envelope(bytes) {
         Err(why) => {
             return Err(TransformError::InvalidOutput(format!(
-                "the result envelope is invalid: {why}"
+                "the result envelope is invalid: {}",
+                guest_text(&why)
             )));
         }
         Ok(Answer::Error(error)) => {
             return Err(TransformError::Guest {
-                message: error.message,
+                message: guest_text(&error.message),
                 index: error.index,
             });
         }
@@ -407,6 +410,23 @@ pub(crate) fn decode_output(
             ));
         }
     };
+    // A kept change costs the module one byte and the host a whole input
+    // change downstream (rendered by the sink, encoded for the next
+    // module): keeping is bounded by the input, so a module cannot turn a
+    // small answer into millions of rows.
+    let most_kept = input.len().saturating_mul(MAX_KEPT_PER_INPUT);
+    let kept = outputs
+        .iter()
+        .filter(|o| matches!(o, Output::Keep(_)))
+        .count();
+    if kept > most_kept {
+        return Err(TransformError::InvalidOutput(format!(
+            "the result keeps {kept} changes of a batch of {}: at most {MAX_KEPT_PER_INPUT} \
+             times as many as it has",
+            input.len()
+        )));
+    }
+    let mut known = HashMap::new();
     outputs
         .into_iter()
         .enumerate()
@@ -422,7 +442,7 @@ pub(crate) fn decode_output(
                     TransformError::InvalidOutput(format!("output change {position}: {why}"))
                 })?;
                 if change.columns.is_empty() {
-                    change.columns = infer_columns(&change, input, source).into();
+                    change.columns = infer_columns(&change, input, source, &mut known).into();
                 }
                 Ok(Item::Wire(change))
             }
@@ -430,13 +450,53 @@ pub(crate) fn decode_output(
         .collect()
 }
 
+/// How many times over a module's answer may keep its input's changes.
+const MAX_KEPT_PER_INPUT: usize = 16;
+
+/// The input's columns of each table, found once per answer.
+type KnownColumns = HashMap<(String, String), Option<Arc<[WireColumn]>>>;
+
 /// Columns for a module's change that gave none: the input's columns of the
-/// same table, restricted to and ordered as the keys of its row.
-fn infer_columns(change: &WireChange, input: &[Item], source: &Batch) -> Vec<WireColumn> {
+/// same table, restricted to and ordered as the keys of its row. `known`
+/// keeps each table's, so that an answer of many changes does not search
+/// the input for every one.
+fn infer_columns(
+    change: &WireChange,
+    input: &[Item],
+    source: &Batch,
+    known: &mut KnownColumns,
+) -> Vec<WireColumn> {
     let Some(row) = change.new.as_ref().or(change.old.as_ref()) else {
         return Vec::new();
     };
-    let known: Option<Vec<WireColumn>> = input.iter().find_map(|item| match item {
+    let table = (change.schema.clone(), change.table.clone());
+    let known = known
+        .entry(table)
+        .or_insert_with(|| input_columns(change, input, source).map(Into::into))
+        .clone();
+    let by_name: HashMap<&str, &WireColumn> = known
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .map(|c| (c.name.as_str(), c))
+        .collect();
+    row.names()
+        .map(|name| {
+            by_name
+                .get(name)
+                .map(|c| (*c).clone())
+                .unwrap_or_else(|| WireColumn {
+                    name: name.to_owned(),
+                    type_name: "unknown".into(),
+                    key: false,
+                })
+        })
+        .collect()
+}
+
+/// The columns of `change`'s table in the first input change of it.
+fn input_columns(change: &WireChange, input: &[Item], source: &Batch) -> Option<Vec<WireColumn>> {
+    input.iter().find_map(|item| match item {
         Item::Source(i) => source.changes.get(*i).and_then(|c| match c {
             Change::Insert { relation, .. }
             | Change::Snapshot { relation, .. }
@@ -452,19 +512,7 @@ fn infer_columns(change: &WireChange, input: &[Item], source: &Batch) -> Vec<Wir
             Some(c.columns.to_vec())
         }
         Item::Wire(_) => None,
-    });
-    row.names()
-        .map(|name| {
-            known
-                .as_ref()
-                .and_then(|cols| cols.iter().find(|c| c.name == name).cloned())
-                .unwrap_or_else(|| WireColumn {
-                    name: name.to_owned(),
-                    type_name: "unknown".into(),
-                    key: false,
-                })
-        })
-        .collect()
+    })
 }
 
 fn wire_column(column: &Column) -> WireColumn {
@@ -967,5 +1015,81 @@ mod tests {
         assert_eq!(err.kind(), "invalid_output");
         let err = decode_output(b"\xc1".to_vec(), &input, &batch).expect_err("garbage");
         assert_eq!(err.kind(), "invalid_output");
+    }
+
+    /// A kept change is one byte of the module's answer and a whole change
+    /// downstream: an answer of millions of `0`s made millions of rows
+    /// (gigabytes for the sink to render) out of one.
+    #[test]
+    fn an_answer_keeping_far_more_changes_than_the_batch_has_is_invalid() {
+        let batch = batch();
+        let input: Vec<Item> = (0..3).map(Item::Source).collect();
+        let keeping = |n: usize| Envelope::Changes {
+            changes: vec![Output::Keep(1); n],
+        };
+        let most = 3 * MAX_KEPT_PER_INPUT;
+        let out = decode_output(
+            wire::to_msgpack(&keeping(most)).expect("encode"),
+            &input,
+            &batch,
+        )
+        .expect("as many as allowed");
+        assert_eq!(out.len(), most);
+        let err = decode_output(
+            wire::to_msgpack(&keeping(1_000_000)).expect("encode"),
+            &input,
+            &batch,
+        )
+        .expect_err("too many");
+        assert_eq!(err.kind(), "invalid_output");
+        assert!(
+            err.to_string()
+                .contains("keeps 1000000 changes of a batch of 3"),
+            "{err}"
+        );
+    }
+
+    /// A module's error message went into the host's error, its log line
+    /// and the dead letter as it came: a newline in it forged a log line,
+    /// and megabytes of it were written for every failing batch.
+    #[test]
+    fn a_module_s_error_message_is_escaped_and_cut() {
+        let batch = batch();
+        let input: Vec<Item> = (0..3).map(Item::Source).collect();
+        let failing = |message: String| Envelope::Error {
+            error: GuestError {
+                message,
+                index: None,
+            },
+        };
+        let err = decode_output(
+            wire::to_msgpack(&failing(
+                "bad\n2026-01-01T00:00:00Z  INFO datum: forged".into(),
+            ))
+            .expect("encode"),
+            &input,
+            &batch,
+        )
+        .expect_err("fails");
+        let text = err.to_string();
+        assert!(!text.contains('\n'), "{text}");
+        assert!(text.contains("bad\\n2026"), "{text}");
+        let err = decode_output(
+            wire::to_msgpack(&failing("é".repeat(1_000_000))).expect("encode"),
+            &input,
+            &batch,
+        )
+        .expect_err("fails");
+        let text = err.to_string();
+        assert!(
+            text.len() < 2 * super::super::sandbox::GUEST_TEXT_MAX,
+            "{}",
+            text.len()
+        );
+        assert!(
+            text.ends_with("(2000000 bytes in all)"),
+            "{}",
+            &text[text.len() - 40..]
+        );
     }
 }

@@ -584,7 +584,9 @@ impl Instance {
                 let bytes = read_output(&mut live, packed, inner.limits)?;
                 match super::encode::decode_envelope(bytes) {
                     Ok(super::encode::Answer::Error(error)) => {
-                        return Err(TransformError::Init(error.message));
+                        return Err(TransformError::Init(super::sandbox::guest_text(
+                            &error.message,
+                        )));
                     }
                     Ok(super::encode::Answer::Neither) => {}
                     Ok(super::encode::Answer::Changes(_)) => {
@@ -796,7 +798,7 @@ fn classify(err: wasmtime::Error, limits: Limits, panic: Option<String>) -> Tran
         .map(|t| t.to_string())
         .unwrap_or_else(|| err.root_cause().to_string());
     let message = match panic {
-        Some(panic) => format!("{panic} ({trap})"),
+        Some(panic) => format!("{} ({trap})", super::sandbox::guest_text(&panic)),
         None => trap,
     };
     TransformError::Trap { message, backtrace }

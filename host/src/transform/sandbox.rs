@@ -237,6 +237,25 @@ pub(crate) fn escape_for_log(line: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// Most bytes of a module's own text (its error message, a panic message)
+/// an error keeps.
+pub(crate) const GUEST_TEXT_MAX: usize = 4096;
+
+/// Text a module wrote into an error, as the host's errors, logs and dead
+/// letters carry it: escaped like [`escape_for_log`] (a `\n` in it cannot
+/// forge a log line) and cut to [`GUEST_TEXT_MAX`] bytes.
+pub(crate) fn guest_text(text: &str) -> String {
+    let escaped = escape_for_log(text);
+    if escaped.len() <= GUEST_TEXT_MAX {
+        return escaped.into_owned();
+    }
+    let mut end = GUEST_TEXT_MAX;
+    while !escaped.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes in all)", &escaped[..end], text.len())
+}
+
 /// A WASI context that grants nothing and reads time and randomness from
 /// `env`.
 pub(crate) fn wasi_ctx(env: &Arc<CallEnv>, stdout: &Capture, stderr: &Capture) -> WasiP1Ctx {
