@@ -414,6 +414,9 @@ async fn serve_connection(
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout)
         .keep_alive(true);
+    // A client that stops reading cannot hold its connection (and a place
+    // under `max_connections`) for ever: hyper has no write timeout.
+    let stream = SendDeadline::new(stream, header_timeout);
     let mut connection = builder.serve_connection(TokioIo::new(stream), service);
     let mut stopping = false;
     let served = loop {
@@ -426,10 +429,107 @@ async fn serve_connection(
         }
     };
     match served {
-        Ok(()) => linger(connection.into_parts().io.into_inner()).await,
+        Ok(()) => linger(connection.into_parts().io.into_inner().stream).await,
         // A header timeout, a client gone, a malformed request: hyper has
         // answered what could be; drop the socket.
         Err(err) => tracing::debug!(error = %err, "admin API connection ended"),
+    }
+}
+
+/// A connection's socket on which a write may not wait longer than `limit`
+/// for the client to take what was sent: past it, the write fails with
+/// `TimedOut` and hyper ends the connection. Every write that goes through
+/// starts the wait anew.
+#[derive(Debug)]
+struct SendDeadline {
+    stream: tokio::net::TcpStream,
+    limit: Duration,
+    stalled: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl SendDeadline {
+    fn new(stream: tokio::net::TcpStream, limit: Duration) -> SendDeadline {
+        SendDeadline {
+            stream,
+            limit,
+            stalled: None,
+        }
+    }
+
+    /// `polled`'s outcome, or `TimedOut` once writes have waited `limit`.
+    fn bounded<T>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        polled: std::task::Poll<std::io::Result<T>>,
+    ) -> std::task::Poll<std::io::Result<T>> {
+        use std::future::Future;
+        if polled.is_ready() {
+            self.stalled = None;
+            return polled;
+        }
+        let limit = self.limit;
+        let stalled = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match stalled.as_mut().poll(cx) {
+            std::task::Poll::Ready(()) => std::task::Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client took nothing of the answer for admin.header_timeout",
+            ))),
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for SendDeadline {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for SendDeadline {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let polled = std::pin::Pin::new(&mut this.stream).poll_write(cx, buf);
+        this.bounded(cx, polled)
+    }
+
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let polled = std::pin::Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
+        this.bounded(cx, polled)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let polled = std::pin::Pin::new(&mut this.stream).poll_flush(cx);
+        this.bounded(cx, polled)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
     }
 }
 

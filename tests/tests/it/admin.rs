@@ -1375,6 +1375,47 @@ async fn serve_alone(
     .map_err(|err| err.to_string())
 }
 
+/// Clients that send requests and never read the answers: hyper has no
+/// write timeout, so each such connection stayed open for ever once its
+/// socket buffers were full, and `max_connections` of them shut everybody
+/// else out (no token needed: the public pages answer). A write that waits
+/// longer than `header_timeout` now ends the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_never_read_their_answers_do_not_hold_the_connections() {
+    use tokio::io::AsyncWriteExt;
+    let dir = temp_dir("admin-never-read");
+    let port = free_port();
+    let _server = serve_alone(
+        &dir,
+        "never-read",
+        &format!(
+            "listen = \"127.0.0.1:{port}\"\ntoken = \"{TOKEN}\"\nmax_connections = 2\n\
+             header_timeout = \"1s\""
+        ),
+    )
+    .await
+    .expect("serve");
+    let request = b"GET /v1/openapi.json HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".repeat(400);
+    let mut hogs = Vec::new();
+    for _ in 0..2 {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+        let mut stream = socket
+            .connect(format!("127.0.0.1:{port}").parse().expect("address"))
+            .await
+            .expect("connect");
+        // Requests enough for answers far beyond what the sockets hold;
+        // nothing is ever read.
+        let _ = tokio::time::timeout(Duration::from_secs(5), stream.write_all(&request)).await;
+        hogs.push(stream);
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let admin = Admin::new(port);
+    let (status, body) = admin.get("/v1/pipelines").await;
+    assert_eq!(status, 200, "{body}");
+    drop(hogs);
+}
+
 /// The HTTP layer alone (no pipeline): tokens, limits and the error shape,
 /// with the server in-process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
