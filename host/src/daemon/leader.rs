@@ -52,6 +52,9 @@ impl Drop for Lease {
     }
 }
 
+/// How long the query that tries to take the lock may go unanswered.
+const LOCK_QUERY_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The SQL that tries to take the lock of `slot` (the key is the server's
 /// hash of the slot's name, the same for every host).
 const TRY_LOCK: &str = "SELECT pg_try_advisory_lock(hashtextextended('datum leader ' || $1, 0))";
@@ -90,16 +93,21 @@ pub(crate) async fn acquire(
                 }
             }
         };
-        backoff.reset();
         loop {
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&slot];
             let taken = tokio::select! {
                 biased;
                 _ = cancel.as_mut() => return None,
-                row = client.query_one(TRY_LOCK, &params) => {
-                    row.and_then(|r| r.try_get::<_, bool>(0))
+                row = tokio::time::timeout(LOCK_QUERY_TIMEOUT, client.query_one(TRY_LOCK, &params)) => {
+                    match row {
+                        Ok(row) => row.and_then(|r| r.try_get::<_, bool>(0)).map_err(|e| crate::pg::error_chain(&e)),
+                        Err(_) => Err(format!("no answer within {LOCK_QUERY_TIMEOUT:?}")),
+                    }
                 }
             };
+            if taken.is_ok() {
+                backoff.reset();
+            }
             match taken {
                 Ok(true) => {
                     tracing::info!(pipeline = %pipeline, slot = %slot, "took the leader lock: this host streams the slot");
@@ -117,8 +125,17 @@ pub(crate) async fn acquire(
                     }
                 }
                 Err(err) => {
-                    tracing::warn!(pipeline = %pipeline, error = %err, "the leader lock's connection failed; reconnecting");
-                    break;
+                    // Waited out like an unreachable source: a query that
+                    // fails on a working connection (the function's
+                    // EXECUTE revoked) must not become a reconnect loop.
+                    let wait = backoff.next_wait();
+                    tracing::warn!(pipeline = %pipeline, error = %err, retry_in = ?wait, "the leader lock's query failed; reconnecting");
+                    on_unreachable(format!("the leader lock's query failed: {err}"));
+                    tokio::select! {
+                        biased;
+                        _ = cancel.as_mut() => return None,
+                        _ = tokio::time::sleep(wait) => break,
+                    }
                 }
             }
         }

@@ -172,3 +172,49 @@ async fn the_active_host_killed_ten_times_hands_over_to_the_standby_and_the_targ
         let _ = std::fs::remove_dir_all(&m.dir);
     }
 }
+
+/// The lock's query failing on a connection that works (here: EXECUTE of
+/// `pg_try_advisory_lock` revoked from the host's role) made the host
+/// reconnect at once, again and again, as fast as the server accepted
+/// connections. It now waits with back-off, as for a source it cannot
+/// reach, and says why in the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_lock_query_is_retried_with_back_off_not_in_a_loop() {
+    let pg = cluster();
+    let (src, _dst) = two_databases(&pg).await;
+    src.batch_execute(
+        "CREATE TABLE t (id int PRIMARY KEY);
+         CREATE ROLE stander LOGIN REPLICATION;
+         GRANT SELECT ON t TO stander;
+         CREATE PUBLICATION datum_p FOR TABLE t;
+         REVOKE EXECUTE ON FUNCTION pg_try_advisory_lock(bigint) FROM PUBLIC",
+    )
+    .await
+    .expect("role and revoke");
+    let dir = temp_dir("leader-revoked");
+    let source = pg.conninfo("src").replace("user=postgres", "user=stander");
+    assert!(source.contains("user=stander"), "{source}");
+    let host = Host::start(
+        &dir,
+        &config(&source, &pg.conninfo("dst"), &dir, free_port()),
+    );
+    // Each attempt ends with this line, in the old wording and the new.
+    let failed = "; reconnecting";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !host.log().contains(failed) {
+        assert!(Instant::now() < deadline, "{}", host.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let log = host.log();
+    let attempts = log.matches(failed).count();
+    assert!(
+        attempts <= 10,
+        "{attempts} attempts within about 3 s: a reconnect loop\n{}",
+        log.lines().take(20).collect::<Vec<_>>().join("\n")
+    );
+    assert!(log.contains("permission denied"), "{log}");
+    let (status, log) = host.stop(30);
+    assert!(status.success(), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
