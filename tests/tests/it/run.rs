@@ -930,21 +930,34 @@ on_error = "skip"
         .expect("/dev/full");
     let host = Host::spawn(&dir, &config, full.into());
     wait_for_slots(&client, &["datum_full"], &host).await;
-    let before = crate::checkpoint::confirmed_flush(&client, "datum_full").await;
-    client
-        .batch_execute("INSERT INTO t SELECT generate_series(1, 10)")
+    // Where the rows' commit record starts at the earliest: an
+    // acknowledgement of them confirms the slot past it; an idle
+    // position the host may report meanwhile stays before it.
+    let rows = client
+        .simple_query(
+            "BEGIN; INSERT INTO t SELECT generate_series(1, 10); \
+             SELECT pg_current_wal_insert_lsn()::text; COMMIT",
+        )
         .await
         .expect("rows");
+    let before_commit: datum::Lsn = rows
+        .iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .and_then(|t| t.parse().ok())
+        .expect("an LSN");
     let deadline = Instant::now() + Duration::from_secs(30);
     while !host.log().contains("sink write failed; retrying") {
         assert!(Instant::now() < deadline, "no retry:\n{}", host.log());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(
-        crate::checkpoint::confirmed_flush(&client, "datum_full").await,
-        before,
-        "the slot moved past rows that were never written:\n{}",
+    let confirmed = crate::checkpoint::confirmed_flush(&client, "datum_full").await;
+    assert!(
+        confirmed <= before_commit,
+        "the slot moved past rows that were never written ({confirmed} > {before_commit}):\n{}",
         host.log()
     );
     let log = host.log();
