@@ -1211,25 +1211,21 @@ mod tests {
         for _ in 0..12 {
             newest = add("upload");
         }
-        let kept: Vec<u64> = store
-            .module_versions("p/m")
-            .expect("versions")
-            .iter()
-            .map(|v| v.version)
-            .collect();
+        let kept = || -> Vec<u64> {
+            store
+                .module_versions("p/m")
+                .expect("versions")
+                .iter()
+                .map(|v| v.version)
+                .collect()
+        };
         assert_eq!(
-            kept,
+            kept(),
             vec![from_file, canary, active, newest - 2, newest - 1, newest]
         );
         // A newer deploy through the file frees the older one.
         let again = add("config");
-        let kept: Vec<u64> = store
-            .module_versions("p/m")
-            .expect("versions")
-            .iter()
-            .map(|v| v.version)
-            .collect();
-        assert_eq!(kept, vec![canary, active, newest - 1, newest, again]);
+        assert_eq!(kept(), vec![canary, active, newest - 1, newest, again]);
     }
 
     #[test]
