@@ -465,12 +465,14 @@ pub(crate) async fn rollback(
     name: &str,
     to: Option<u64>,
 ) -> Result<Swapped, SwapError> {
+    // The turn first: "the version before the current" is of the version
+    // current once no other swap can land meanwhile.
+    let _one_at_a_time = chain.swaps.lock().await;
     let slot = chain
         .slots()
         .into_iter()
         .find(|s| s.name == name)
         .ok_or_else(|| no_transform(pipeline, name))?;
-    let _one_at_a_time = chain.swaps.lock().await;
     let (engine, blocking_store, key, blocking_name) = (
         engine.clone(),
         store.clone(),
