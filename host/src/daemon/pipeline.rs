@@ -99,6 +99,17 @@ pub struct PipelineConfig {
 }
 
 impl PipelineConfig {
+    /// The source's configuration as the pipeline runs it. Under the
+    /// leader lock the slot is shared with other hosts: one that confirmed
+    /// it past this host's position (before this host started, or while it
+    /// was starting) is followed rather than refused.
+    fn source_config(&self) -> SourceConfig {
+        SourceConfig {
+            follow_slot: self.source.follow_slot || self.leader_lock,
+            ..self.source.clone()
+        }
+    }
+
     /// A pipeline without modules, with default buffering, commit policy,
     /// retries and error policy (`fail`).
     pub fn new(name: &str, source: SourceConfig) -> PipelineConfig {
@@ -363,12 +374,20 @@ async fn start_position(
     let mut offset = checkpoint.unwrap_or_default();
     if config.leader_lock
         && let Some(confirmed) = prepared.confirmed_flush
-        && confirmed > offset.end_lsn
+        && confirmed != offset.end_lsn
     {
-        // Another host streamed the slot since this one last did: the
-        // slot's position (confirmed only once that host's sink had
-        // everything before it) is the checkpoint to resume from.
-        tracing::info!(pipeline = %name, checkpoint = %offset.end_lsn, %confirmed, "taking over the slot at its position");
+        // Under the leader lock the slot's position is the one the hosts
+        // share: a host confirms it only once its sink has everything
+        // before it. Past this host's checkpoint: another host streamed
+        // since. Behind it: this host stopped before confirming, and
+        // another may since have replayed from the slot into the target,
+        // taking rows back to older values; resuming from this host's own
+        // checkpoint would leave them there.
+        if confirmed > offset.end_lsn {
+            tracing::info!(pipeline = %name, checkpoint = %offset.end_lsn, %confirmed, "taking over the slot at its position");
+        } else {
+            tracing::info!(pipeline = %name, checkpoint = %offset.end_lsn, %confirmed, "the slot is behind this host's checkpoint: resuming from the slot, delivering the changes between again (another host may have replayed them since)");
+        }
         offset = Offset {
             end_lsn: confirmed,
             commit_lsn: confirmed,
@@ -488,7 +507,7 @@ impl Stages {
         let source_task = spawn_source(
             name,
             source::stream::run(
-                config.source.clone(),
+                config.source_config(),
                 offset.end_lsn,
                 source_tx,
                 feedback.clone(),
@@ -900,12 +919,7 @@ async fn prepare_source(
 ) -> Result<Option<source::Prepared>, PipelineError> {
     let mut backoff = Backoff::new(config.source.reconnect_initial, config.source.reconnect_max);
     let mut attempt = 1u64;
-    // Under the leader lock a slot past this host's checkpoint is where
-    // another host left it: the source follows it instead of refusing.
-    let source_config = SourceConfig {
-        follow_slot: config.source.follow_slot || config.leader_lock,
-        ..config.source.clone()
-    };
+    let source_config = config.source_config();
     loop {
         let intent = || {
             if checkpoint.is_none() {

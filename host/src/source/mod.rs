@@ -440,6 +440,17 @@ fn plan_slot(
         (Some(checkpoint), Some(confirmed)) => confirmed > checkpoint,
         _ => false,
     };
+    if ahead && !lost && config.follow_slot {
+        // Another host streamed the slot: the normal takeover, never a
+        // reason to recreate it, whatever `recreate_slot` says.
+        tracing::info!(
+            slot = %config.slot,
+            checkpoint = %checkpoint.unwrap_or_default(),
+            confirmed = %state.confirmed_flush.unwrap_or_default(),
+            "the slot is past this host's checkpoint (another host streamed it): resuming from the slot"
+        );
+        return Ok(SlotPlan::Use(state));
+    }
     if (lost || ahead) && config.recreate_slot {
         tracing::warn!(
             slot = %config.slot,
@@ -448,15 +459,6 @@ fn plan_slot(
             "dropping the slot to recreate it: the target needs a resync"
         );
         return Ok(SlotPlan::Recreate(state));
-    }
-    if ahead && config.follow_slot {
-        tracing::info!(
-            slot = %config.slot,
-            checkpoint = %checkpoint.unwrap_or_default(),
-            confirmed = %state.confirmed_flush.unwrap_or_default(),
-            "the slot is past this host's checkpoint (another host streamed it): resuming from the slot"
-        );
-        return Ok(SlotPlan::Use(state));
     }
     if ahead {
         return Err(SourceError::FastForward {

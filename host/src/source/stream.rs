@@ -610,12 +610,19 @@ impl<'a> Session<'a> {
             && let Some(confirmed) = state.confirmed_flush
             && confirmed > requested
         {
-            conn.close().await;
-            return Err(SourceError::FastForward {
-                slot: config.slot.clone(),
-                requested,
-                confirmed,
-            });
+            if config.follow_slot {
+                // Another host's last confirmation landed between this
+                // host reading the slot and starting it (a takeover):
+                // everything before it is in that host's sink.
+                tracing::info!(slot = %config.slot, requested = %requested, %confirmed, "the slot was confirmed past the start by another host: streaming from the slot's position");
+            } else {
+                conn.close().await;
+                return Err(SourceError::FastForward {
+                    slot: config.slot.clone(),
+                    requested,
+                    confirmed,
+                });
+            }
         }
         tracing::info!(slot = %config.slot, start = %requested, pid = conn.backend_pid(), "replication started");
         Ok((client, conn, interval))

@@ -15,13 +15,18 @@ use crate::snapshot::{two_databases, wait_equal, writer};
 /// One machine's configuration: its own state file and admin port, the
 /// same pipeline as the other's.
 fn config(src: &str, dst: &str, dir: &Path, port: u16) -> String {
+    config_with(src, dst, dir, port, "")
+}
+
+/// `config`, with `extra` settings of the pipeline.
+fn config_with(src: &str, dst: &str, dir: &Path, port: u16, extra: &str) -> String {
     crate::snapshot::config(
         src,
         dst,
         dir,
         port,
         &["public.t"],
-        "source.leader_lock = true\nsnapshot.mode = \"never\"\n",
+        &format!("source.leader_lock = true\nsnapshot.mode = \"never\"\n{extra}"),
     )
 }
 
@@ -48,9 +53,14 @@ struct Machine {
 
 impl Machine {
     fn new(name: &str, src: &str, dst: &str) -> Machine {
+        Machine::with(name, src, dst, "")
+    }
+
+    /// A machine whose pipeline has `extra` settings.
+    fn with(name: &str, src: &str, dst: &str, extra: &str) -> Machine {
         let dir = temp_dir(name);
         let port = free_port();
-        let config = config(src, dst, &dir, port);
+        let config = config_with(src, dst, &dir, port, extra);
         let host = Some(Host::start(&dir, &config));
         Machine {
             dir,
@@ -67,6 +77,24 @@ impl Machine {
                 nix::sys::signal::Signal::SIGKILL,
             )
             .expect("kill -9");
+        }
+    }
+
+    /// Stops the host cleanly (SIGTERM): its checkpoint and the slot's
+    /// confirmed position then agree. Its log.
+    fn stop(&mut self) -> String {
+        let host = self.host.take().expect("a running host");
+        let (status, log) = host.stop(30);
+        assert!(status.success(), "{log}");
+        log
+    }
+
+    /// Waits until the host streams.
+    async fn wait_running(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while state(self.port).await.as_deref() != Some("running") {
+            assert!(Instant::now() < deadline, "not streaming:\n{}", self.log());
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
@@ -217,4 +245,142 @@ async fn a_failing_lock_query_is_retried_with_back_off_not_in_a_loop() {
     let (status, log) = host.stop(30);
     assert!(status.success(), "{log}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The value of `v` in row `id` of `db`'s `t`.
+async fn value(db: &tokio_postgres::Client, id: i32) -> Option<i32> {
+    db.query_opt("SELECT v FROM t WHERE id = $1", &[&id])
+        .await
+        .expect("select")
+        .map(|row| row.get(0))
+}
+
+/// Waits until row `id` of the target has `v`.
+async fn wait_value(dst: &tokio_postgres::Client, id: i32, v: i32, machine: &Machine) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while value(dst, id).await != Some(v) {
+        assert!(
+            Instant::now() < deadline,
+            "row {id} never reached v = {v}:\n{}",
+            machine.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Both sides with rows 1..=10, `v = 0`.
+async fn same_rows(src: &tokio_postgres::Client, dst: &tokio_postgres::Client) {
+    for (db, what) in [(src, "source"), (dst, "target")] {
+        db.batch_execute(
+            "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL, note text);
+             INSERT INTO t SELECT g, 0, 'row ' || g FROM generate_series(1, 10) g;",
+        )
+        .await
+        .expect(what);
+    }
+}
+
+/// A host that stopped after its checkpoint but before confirming it to
+/// the slot, while another host replayed from the slot into the target
+/// and died before catching up: the target then holds older values than
+/// this host's checkpoint says. Resuming from its own checkpoint left
+/// them there for good; under the leader lock the slot's position is
+/// where every host resumes.
+///
+/// The slot behind the checkpoint is made with a copy of the slot taken
+/// before the changes (what a crash between checkpoint and confirmation
+/// leaves); the other host's partial replay is written to the target by
+/// hand (the first change again, not the second).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_whose_checkpoint_is_ahead_of_the_shared_slot_resumes_from_the_slot() {
+    let pg = cluster();
+    let (src, dst) = two_databases(&pg).await;
+    same_rows(&src, &dst).await;
+    let (src_url, dst_url) = (pg.conninfo("src"), pg.conninfo("dst"));
+    let mut a = Machine::new("behind-a", &src_url, &dst_url);
+    a.wait_running().await;
+    src.batch_execute("SELECT pg_copy_logical_replication_slot('datum_p', 'kept')")
+        .await
+        .expect("copy the slot");
+    src.batch_execute("UPDATE t SET v = 1 WHERE id = 1")
+        .await
+        .expect("first change");
+    src.batch_execute("UPDATE t SET v = 2 WHERE id = 1")
+        .await
+        .expect("second change");
+    wait_value(&dst, 1, 2, &a).await;
+    a.stop();
+
+    // The slot as a crash before the confirmation leaves it; the target as
+    // another host's replay from there leaves it.
+    src.batch_execute(
+        "SELECT pg_drop_replication_slot('datum_p');
+         SELECT pg_copy_logical_replication_slot('kept', 'datum_p');
+         SELECT pg_drop_replication_slot('kept');",
+    )
+    .await
+    .expect("slot behind the checkpoint");
+    dst.batch_execute("UPDATE t SET v = 1 WHERE id = 1")
+        .await
+        .expect("replayed first change");
+
+    a.restart();
+    a.wait_running().await;
+    src.batch_execute("UPDATE t SET v = 3 WHERE id = 2")
+        .await
+        .expect("third change");
+    wait_value(&dst, 2, 3, &a).await;
+    // Applied in commit order: the second change came before the third.
+    assert_eq!(value(&dst, 1).await, Some(2), "{}", a.log());
+    let log = a.stop();
+    assert!(
+        log.contains("the slot is behind this host's checkpoint"),
+        "{log}"
+    );
+    let _ = std::fs::remove_dir_all(&a.dir);
+}
+
+/// `recreate_slot = true` is for a slot that lost changes. Under the
+/// leader lock, a slot past this host's checkpoint is the normal takeover
+/// (another host streamed it), but it counted as lost: the host dropped
+/// the slot every host shares and created a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_with_recreate_slot_set_keeps_the_shared_slot() {
+    let pg = cluster();
+    let (src, dst) = two_databases(&pg).await;
+    same_rows(&src, &dst).await;
+    let (src_url, dst_url) = (pg.conninfo("src"), pg.conninfo("dst"));
+    let extra = "source.recreate_slot = true\n";
+    let mut a = Machine::with("recreate-a", &src_url, &dst_url, extra);
+    a.wait_running().await;
+    src.batch_execute("UPDATE t SET v = 1 WHERE id = 1")
+        .await
+        .expect("first change");
+    wait_value(&dst, 1, 1, &a).await;
+    a.stop();
+
+    // The other host streams the slot past the first one's checkpoint.
+    let mut b = Machine::with("recreate-b", &src_url, &dst_url, extra);
+    b.wait_running().await;
+    src.batch_execute("UPDATE t SET v = 2 WHERE id = 2")
+        .await
+        .expect("second change");
+    wait_value(&dst, 2, 2, &b).await;
+    b.stop();
+
+    a.restart();
+    a.wait_running().await;
+    src.batch_execute("UPDATE t SET v = 3 WHERE id = 3")
+        .await
+        .expect("third change");
+    wait_value(&dst, 3, 3, &a).await;
+    let log = a.stop();
+    assert!(!log.contains("recreate"), "{log}");
+    assert!(
+        log.contains("taking over the slot at its position"),
+        "{log}"
+    );
+    for m in [&a, &b] {
+        let _ = std::fs::remove_dir_all(&m.dir);
+    }
 }

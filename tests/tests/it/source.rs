@@ -681,6 +681,42 @@ async fn a_start_past_the_checkpoint_is_reported_not_ignored() {
     assert!(!err.is_transient());
 }
 
+/// A takeover: the new leader read the slot, then the old leader's last
+/// confirmation landed before the new one started it. Under the leader
+/// lock (`follow_slot`) that is where the other host left the slot, not
+/// changes lost; it used to be `FastForward`, which failed the new leader
+/// for good and left no host streaming.
+#[tokio::test]
+async fn a_slot_confirmed_past_the_start_by_another_host_is_followed_under_the_leader_lock() {
+    let pg = cluster();
+    let client = connect(&pg.conninfo("postgres")).await;
+    sql(&client, &["CREATE TABLE t (id int PRIMARY KEY)"]).await;
+    let mut source = Running::start(config(&pg, "pub", "slot", &["t"]), Lsn::ZERO, 4).await;
+    sql(
+        &client,
+        &["INSERT INTO t VALUES (1)", "INSERT INTO t VALUES (2)"],
+    )
+    .await;
+    let first = source.next(10).await;
+    let second = source.next(10).await;
+    // The other host confirms both transactions...
+    source.checkpoint(&first);
+    source.checkpoint(&second);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    source.stop().await.expect("stop");
+    // ...after this one read the slot at the first.
+    let mut cfg = config(&pg, "pub", "slot", &["t"]);
+    cfg.follow_slot = true;
+    let mut resumed = Running::start_prepared(cfg, Lsn(first.txn.end_lsn), 4);
+    sql(&client, &["INSERT INTO t VALUES (3)"]).await;
+    assert_eq!(
+        render(&resumed.next(10).await),
+        ["I public.t id=3"],
+        "streams on from the slot's position"
+    );
+    resumed.stop().await.expect("no fast-forward error");
+}
+
 #[tokio::test]
 async fn a_missing_slot_or_publication_is_a_definite_error() {
     let pg = cluster();
