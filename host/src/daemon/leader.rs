@@ -52,6 +52,39 @@ impl Drop for Lease {
     }
 }
 
+/// How long the server keeps the lock session of a holder that stopped
+/// using it (its process frozen, its machine gone without closing the
+/// connection) before it ends the session and so releases the lock. A
+/// living holder probes every `PROBE_EVERY`, so its session is never idle
+/// that long. Without it the server keeps the session until its TCP
+/// keepalive gives up, two hours by default.
+const ABANDONED_AFTER: Duration = Duration::from_secs(10);
+
+/// Settings of the lock session that end it on the server once its holder
+/// is gone: `idle_session_timeout` (PostgreSQL 14 and later), and TCP
+/// keepalives that find a vanished peer in about 11 s over TCP.
+async fn bound_session(client: &tokio_postgres::Client) -> Result<(), String> {
+    let version: i32 = client
+        .query_one("SELECT current_setting('server_version_num')::int4", &[])
+        .await
+        .and_then(|row| row.try_get(0))
+        .map_err(|e| crate::pg::error_chain(&e))?;
+    let mut sql = String::from(
+        "SET tcp_keepalives_idle = 5; SET tcp_keepalives_interval = 2; \
+         SET tcp_keepalives_count = 3;",
+    );
+    if version >= 140_000 {
+        sql.push_str(&format!(
+            " SET idle_session_timeout = {};",
+            ABANDONED_AFTER.as_millis()
+        ));
+    }
+    client
+        .batch_execute(&sql)
+        .await
+        .map_err(|e| crate::pg::error_chain(&e))
+}
+
 /// How long the query that tries to take the lock may go unanswered.
 const LOCK_QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -93,16 +126,25 @@ pub(crate) async fn acquire(
                 }
             }
         };
+        let mut bounded = false;
         loop {
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&slot];
+            let attempt = async {
+                if !bounded {
+                    bound_session(&client).await?;
+                    bounded = true;
+                }
+                client
+                    .query_one(TRY_LOCK, &params)
+                    .await
+                    .and_then(|r| r.try_get::<_, bool>(0))
+                    .map_err(|e| crate::pg::error_chain(&e))
+            };
             let taken = tokio::select! {
                 biased;
                 _ = cancel.as_mut() => return None,
-                row = tokio::time::timeout(LOCK_QUERY_TIMEOUT, client.query_one(TRY_LOCK, &params)) => {
-                    match row {
-                        Ok(row) => row.and_then(|r| r.try_get::<_, bool>(0)).map_err(|e| crate::pg::error_chain(&e)),
-                        Err(_) => Err(format!("no answer within {LOCK_QUERY_TIMEOUT:?}")),
-                    }
+                taken = tokio::time::timeout(LOCK_QUERY_TIMEOUT, attempt) => {
+                    taken.unwrap_or_else(|_| Err(format!("no answer within {LOCK_QUERY_TIMEOUT:?}")))
                 }
             };
             if taken.is_ok() {

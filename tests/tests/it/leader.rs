@@ -384,3 +384,64 @@ async fn a_takeover_with_recreate_slot_set_keeps_the_shared_slot() {
         let _ = std::fs::remove_dir_all(&m.dir);
     }
 }
+
+/// A holder that freezes (SIGSTOP: a hung process, a paused virtual
+/// machine) keeps its connections open, and the server kept its lock
+/// session, and so the lock, until TCP keepalive gave up: two hours by
+/// default, with no host streaming. The session now ends once its holder
+/// stops probing it, and the standby takes over within seconds; the
+/// frozen host, thawed, finds its lock gone and stands by.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_leader_releases_the_lock_and_the_standby_takes_over() {
+    use nix::sys::signal::{Signal, kill};
+    let pg = cluster();
+    let (src, dst) = two_databases(&pg).await;
+    same_rows(&src, &dst).await;
+    let (src_url, dst_url) = (pg.conninfo("src"), pg.conninfo("dst"));
+    let mut a = Machine::new("frozen-a", &src_url, &dst_url);
+    a.wait_running().await;
+    let b = Machine::new("frozen-b", &src_url, &dst_url);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while state(b.port).await.as_deref() != Some("standby") {
+        assert!(Instant::now() < deadline, "b never stood by:\n{}", b.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let pid = nix::unistd::Pid::from_raw(a.host.as_ref().expect("a").pid() as i32);
+    kill(pid, Signal::SIGSTOP).expect("SIGSTOP");
+    let frozen = Instant::now();
+    // The session's idle limit (10 s) and a second's retry of the standby,
+    // with room for a slow machine.
+    let deadline = frozen + Duration::from_secs(40);
+    while state(b.port).await.as_deref() != Some("running") {
+        if Instant::now() > deadline {
+            let _ = kill(pid, Signal::SIGCONT);
+            panic!("the standby never took over:\n{}", b.log());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let took = frozen.elapsed();
+    src.batch_execute("UPDATE t SET v = 1 WHERE id = 1")
+        .await
+        .expect("change");
+    wait_value(&dst, 1, 1, &b).await;
+    kill(pid, Signal::SIGCONT).expect("SIGCONT");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while state(a.port).await.as_deref() != Some("standby") {
+        assert!(
+            Instant::now() < deadline,
+            "the thawed host did not stand by:\n{}",
+            a.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    src.batch_execute("UPDATE t SET v = 2 WHERE id = 2")
+        .await
+        .expect("change");
+    let host = b.host.as_ref().expect("b");
+    wait_equal(&src, &dst, "SELECT * FROM t ORDER BY id", host, 60).await;
+    assert!(took < Duration::from_secs(30), "took over after {took:?}");
+    a.stop();
+    for m in [&a, &b] {
+        let _ = std::fs::remove_dir_all(&m.dir);
+    }
+}
