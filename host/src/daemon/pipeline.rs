@@ -149,8 +149,8 @@ pub enum PipelineError {
     /// The sink refused a batch definitely.
     #[error("sink: {0}")]
     Sink(#[from] SinkError),
-    /// Shutdown did not finish within `drain_timeout` (a module call or a
-    /// state-file commit that did not end); everything after `checkpoint`
+    /// Shutdown did not finish within `drain_timeout` (a module call, a
+    /// sink write or a state-file commit that did not end); everything after `checkpoint`
     /// is delivered again after the next start.
     #[error(
         "did not stop within drain_timeout ({timeout:?}); the checkpoint stays at {checkpoint} \
@@ -328,19 +328,21 @@ pub async fn run<S: Sink>(
         replays,
         queue: VecDeque::new(),
         singly: 0,
-        deadline: None,
+        drain: Drain {
+            stop_source: &stages.stop_source,
+            deadline: None,
+            gave_up: false,
+        },
     };
     let outcome = delivery
-        .run(
-            shutdown.as_mut(),
-            &stages.stop_source,
-            &mut stages.source_task,
-        )
+        .run(shutdown.as_mut(), &mut stages.source_task)
         .await;
-    let deadline = delivery.deadline;
+    let Drain {
+        deadline, gave_up, ..
+    } = delivery.drain;
     // The transform thread ends once nothing reads what it produces.
     drop(delivery);
-    stages.stop(&config, deadline, outcome).await
+    stages.stop(&config, deadline, gave_up, outcome).await
 }
 
 /// Where the pipeline resumes: its checkpoint, once the source is prepared
@@ -555,6 +557,7 @@ impl Stages {
         self,
         config: &PipelineConfig,
         deadline: Option<tokio::time::Instant>,
+        gave_up: bool,
         outcome: Result<(), PipelineError>,
     ) -> Result<(), PipelineError> {
         let Stages {
@@ -596,6 +599,13 @@ impl Stages {
             }));
         }
         tracing::info!(pipeline = %config.name, checkpoint = %feedback.flushed(), "pipeline stopped");
+        if gave_up && outcome.is_ok() && transforms_panic.is_none() {
+            // Stopped in time, but with batches the sink never took.
+            return Err(PipelineError::DrainTimeout {
+                timeout: config.drain_timeout,
+                checkpoint: feedback.flushed(),
+            });
+        }
         match transforms_panic {
             // The transform thread's end closed the channel the sink stage
             // reads, so the outcome does not say why.
@@ -626,16 +636,81 @@ struct Delivery<'a, S> {
     /// How many at the front of `queue` go one at a time (a group write
     /// failed).
     singly: usize,
-    /// Set at shutdown: when draining what is in flight gives up.
+    drain: Drain<'a>,
+}
+
+/// Shutdown's drain: the source stops reading, and what is in flight has
+/// until the deadline to reach the sink.
+struct Drain<'a> {
+    /// Tells the source to stop reading.
+    stop_source: &'a watch::Sender<bool>,
+    /// Set when shutdown began: when draining gives up.
     deadline: Option<tokio::time::Instant>,
+    /// The deadline passed with batches undelivered.
+    gave_up: bool,
+}
+
+impl Drain<'_> {
+    /// Shutdown began: the source stops reading (what is in flight still
+    /// reaches the sink) and the deadline starts.
+    fn begin(&mut self, config: &PipelineConfig) {
+        tracing::info!(pipeline = %config.name, "stopping: draining batches in flight");
+        let _ = self.stop_source.send(true);
+        self.deadline = Some(tokio::time::Instant::now() + config.drain_timeout);
+    }
+
+    /// Whether shutdown began.
+    fn began(&self) -> bool {
+        self.deadline.is_some()
+    }
+}
+
+/// How often a sink write that has not returned is reported.
+const SLOW_WRITE: Duration = Duration::from_secs(30);
+
+/// Awaits a sink write while watching shutdown and the drain deadline.
+/// Shutdown during the write begins the drain, and the write goes on; one
+/// that has not returned by the deadline (a lock on the target, a receiver
+/// that stopped answering) is given up: `None`, its batches are not
+/// acknowledged and are written again at the next start. A write that
+/// takes long is reported every `SLOW_WRITE`, in the log and the status.
+async fn watched<T, F: Future<Output = ()>>(
+    write: impl Future<Output = T>,
+    mut shutdown: Pin<&mut F>,
+    drain: &mut Drain<'_>,
+    config: &PipelineConfig,
+    counters: &PipelineStats,
+) -> Option<T> {
+    let mut write = std::pin::pin!(write);
+    let started = tokio::time::Instant::now();
+    let mut report = tokio::time::interval_at(started + SLOW_WRITE, SLOW_WRITE);
+    loop {
+        tokio::select! {
+            biased;
+            result = write.as_mut() => return Some(result),
+            _ = shutdown.as_mut(), if !drain.began() => drain.begin(config),
+            _ = drain_over(drain.deadline) => {
+                drain.gave_up = true;
+                tracing::warn!(pipeline = %config.name, "a sink write still unfinished at the drain timeout is given up; its batches are written again at the next start");
+                return None;
+            }
+            _ = report.tick() => {
+                let waited = started.elapsed().as_secs();
+                tracing::warn!(pipeline = %config.name, waited_s = waited, "a sink write has not returned yet; still waiting (a lock on a target table, a receiver that stopped answering?)");
+                counters.record_error(format!("sink: a write has not returned after {waited} s"));
+            }
+        }
+    }
 }
 
 /// What the sink stage does next.
 enum Step {
     /// Deliver this.
     Deliver(Staged),
-    /// Look again (shutdown began, or a dead letter was replayed).
+    /// Look again (shutdown began).
     Again,
+    /// Write a dead letter again, outside the stream.
+    Replay(Replay),
     /// The drain deadline passed.
     DrainOver,
     /// The transforms passed on everything they had: the source ended.
@@ -649,17 +724,22 @@ impl<S: Sink> Delivery<'_, S> {
     async fn run<F: Future<Output = ()>>(
         &mut self,
         mut shutdown: Pin<&mut F>,
-        stop_source: &watch::Sender<bool>,
         source_task: &mut tokio::task::JoinHandle<Result<(), PipelineError>>,
     ) -> Result<(), PipelineError> {
         loop {
             let staged = match self.queue.pop_front() {
                 Some(staged) => staged,
-                None => match self.next(shutdown.as_mut(), stop_source).await {
+                None => match self.next(shutdown.as_mut()).await {
                     Step::Deliver(staged) => staged,
                     Step::Again => continue,
+                    Step::Replay(replay) => {
+                        if !self.replay(replay, shutdown.as_mut()).await {
+                            return Ok(());
+                        }
+                        continue;
+                    }
                     Step::DrainOver => return Ok(()),
-                    Step::SourceEnded if self.deadline.is_some() => return Ok(()),
+                    Step::SourceEnded if self.drain.began() => return Ok(()),
                     Step::SourceEnded => {
                         return match source_task.await {
                             Ok(result) => result,
@@ -690,7 +770,9 @@ impl<S: Sink> Delivery<'_, S> {
             } else {
                 let (mut group, mut acks) = self.take_group(transformed, ack);
                 if group.len() > 1 {
-                    self.write_group(group, acks).await;
+                    if !self.write_group(group, acks, shutdown.as_mut()).await {
+                        return Ok(());
+                    }
                     continue;
                 }
                 match (group.pop(), acks.pop()) {
@@ -705,36 +787,20 @@ impl<S: Sink> Delivery<'_, S> {
     }
 
     /// Waits for the next thing to do: a batch, shutdown (stop the source,
-    /// start the drain deadline), the deadline, or a dead letter to replay
-    /// (written at once, outside the stream: no checkpoint moves).
-    async fn next<F: Future<Output = ()>>(
-        &mut self,
-        shutdown: Pin<&mut F>,
-        stop_source: &watch::Sender<bool>,
-    ) -> Step {
+    /// start the drain deadline), the deadline, or a dead letter to replay.
+    async fn next<F: Future<Output = ()>>(&mut self, shutdown: Pin<&mut F>) -> Step {
         tokio::select! {
             biased;
-            _ = shutdown, if self.deadline.is_none() => {
-                // Stop reading; what is in flight still reaches the sink.
-                tracing::info!(pipeline = %self.config.name, "stopping: draining batches in flight");
-                let _ = stop_source.send(true);
-                self.deadline = Some(tokio::time::Instant::now() + self.config.drain_timeout);
+            _ = shutdown, if !self.drain.began() => {
+                self.drain.begin(self.config);
                 Step::Again
             }
-            _ = drain_over(self.deadline) => {
+            _ = drain_over(self.drain.deadline) => {
+                self.drain.gave_up = true;
                 tracing::warn!(pipeline = %self.config.name, "batches still in flight at the drain timeout are left for the next start");
                 Step::DrainOver
             }
-            Some(replay) = self.replays.recv() => {
-                let result = self.sink.write(&replay.batch).await;
-                if result.is_ok() {
-                    self.counters
-                        .bytes_written
-                        .store(self.sink.bytes_written(), Ordering::Relaxed);
-                }
-                let _ = replay.done.send(result);
-                Step::Again
-            }
+            Some(replay) = self.replays.recv() => Step::Replay(replay),
             staged = self.staged.recv() => match staged {
                 Some(staged) => Step::Deliver(staged),
                 None => Step::SourceEnded,
@@ -773,11 +839,49 @@ impl<S: Sink> Delivery<'_, S> {
         (group, acks)
     }
 
+    /// Writes a dead letter again, at once and outside the stream (no
+    /// checkpoint moves), answering the replay with the sink's answer.
+    /// False: the drain deadline passed first.
+    async fn replay<F: Future<Output = ()>>(
+        &mut self,
+        replay: Replay,
+        shutdown: Pin<&mut F>,
+    ) -> bool {
+        let write = self.sink.write(&replay.batch);
+        let Some(result) =
+            watched(write, shutdown, &mut self.drain, self.config, self.counters).await
+        else {
+            let _ = replay.done.send(Err(SinkError::transient(
+                "the pipeline stopped before the sink answered; replay the dead letter again",
+            )));
+            return false;
+        };
+        if result.is_ok() {
+            self.counters
+                .bytes_written
+                .store(self.sink.bytes_written(), Ordering::Relaxed);
+        }
+        let _ = replay.done.send(result);
+        true
+    }
+
     /// Writes a group as one. When that fails, its batches go back to the
     /// front of the queue to be written one at a time, each with its own
-    /// retries and `on_error`.
-    async fn write_group(&mut self, group: Vec<Transformed>, acks: Vec<Ack>) {
-        match self.sink.write_group(&group).await {
+    /// retries and `on_error`. False: the drain deadline passed during the
+    /// write (nothing of the group is acknowledged).
+    async fn write_group<F: Future<Output = ()>>(
+        &mut self,
+        group: Vec<Transformed>,
+        acks: Vec<Ack>,
+        shutdown: Pin<&mut F>,
+    ) -> bool {
+        let write = self.sink.write_group(&group);
+        let Some(result) =
+            watched(write, shutdown, &mut self.drain, self.config, self.counters).await
+        else {
+            return false;
+        };
+        match result {
             Ok(()) => self.written(&group, &acks),
             Err(err) => {
                 self.counters.sink_retries.fetch_add(1, Ordering::Relaxed);
@@ -788,6 +892,7 @@ impl<S: Sink> Delivery<'_, S> {
                 }
             }
         }
+        true
     }
 
     /// Writes one batch, retrying a transient failure with back-off, and
@@ -804,7 +909,19 @@ impl<S: Sink> Delivery<'_, S> {
         let name = &self.config.name;
         let mut backoff = Backoff::new(self.config.sink_retry_initial, self.config.sink_retry_max);
         let refused = loop {
-            match self.sink.write(&transformed).await {
+            let write = self.sink.write(&transformed);
+            let Some(result) = watched(
+                write,
+                shutdown.as_mut(),
+                &mut self.drain,
+                self.config,
+                self.counters,
+            )
+            .await
+            else {
+                return Ok(false);
+            };
+            match result {
                 Ok(()) => {
                     self.written(std::slice::from_ref(&transformed), &[ack]);
                     return Ok(true);
@@ -815,8 +932,8 @@ impl<S: Sink> Delivery<'_, S> {
                     tracing::warn!(pipeline = %name, error = %err, retry_in = ?wait, "sink write failed; retrying");
                     let stop = tokio::select! {
                         biased;
-                        _ = shutdown.as_mut(), if self.deadline.is_none() => true,
-                        _ = drain_over(self.deadline) => true,
+                        _ = shutdown.as_mut(), if !self.drain.began() => true,
+                        _ = drain_over(self.drain.deadline) => true,
                         _ = tokio::time::sleep(wait) => false,
                     };
                     if stop {

@@ -917,3 +917,74 @@ async fn a_sink_refused_dead_letter_records_the_active_module_version() {
     assert_eq!(letters[0].module_version, active, "{:?}", letters[0]);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A sink write that does not return (here: the target table locked by
+/// another session, so the postgres sink's statements wait for the lock)
+/// was not watched for shutdown: SIGTERM left the host waiting as long as
+/// the lock was held. Shutdown now bounds a write in progress by
+/// `drain_timeout` too; the batch is left unacknowledged and arrives once
+/// the lock is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_the_target_table_locked_exits_within_drain_timeout() {
+    let pg = cluster();
+    let (src, dst) = crate::snapshot::two_databases(&pg).await;
+    for db in [&src, &dst] {
+        db.batch_execute("CREATE TABLE t (id int PRIMARY KEY)")
+            .await
+            .expect("schema");
+    }
+    let dir = temp_dir("drain-locked");
+    let config = crate::snapshot::config(
+        &pg.conninfo("src"),
+        &pg.conninfo("dst"),
+        &dir,
+        free_port(),
+        &["public.t"],
+        "drain_timeout = \"2s\"\nsnapshot.mode = \"never\"\n",
+    );
+    let host = Host::start(&dir, &config);
+    wait_for_slots(&src, &["datum_p"], &host).await;
+    let count = async |db: &tokio_postgres::Client| -> i64 {
+        db.query_one("SELECT count(*) FROM t", &[])
+            .await
+            .expect("count")
+            .get(0)
+    };
+    let wait_rows = async |rows: i64, host: &Host| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while count(&dst).await != rows {
+            assert!(Instant::now() < deadline, "{}", host.log());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    src.batch_execute("INSERT INTO t VALUES (1)")
+        .await
+        .expect("insert");
+    wait_rows(1, &host).await;
+
+    let locker = connect(&pg.conninfo("dst")).await;
+    locker
+        .batch_execute("BEGIN; LOCK TABLE t IN ACCESS EXCLUSIVE MODE")
+        .await
+        .expect("lock");
+    src.batch_execute("INSERT INTO t VALUES (2)")
+        .await
+        .expect("insert");
+    // The write is now waiting for the lock.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let started = Instant::now();
+    let (status, log) = host.stop(30);
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(12), "took {took:?}:\n{log}");
+    // A batch left undelivered: the exit says so.
+    assert!(!status.success(), "{log}");
+    assert!(log.contains("drain_timeout"), "{log}");
+    locker.batch_execute("ROLLBACK").await.expect("unlock");
+    assert_eq!(count(&dst).await, 1, "{log}");
+
+    let host = Host::start(&dir, &config);
+    wait_rows(2, &host).await;
+    let (status, log) = host.stop(30);
+    assert!(status.success(), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
