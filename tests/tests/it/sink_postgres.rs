@@ -352,3 +352,51 @@ async fn joined_and_pipelined_upserts_apply_in_order_and_fail_as_one_batch() {
     assert!(err.to_string().contains("public.absent"), "{err}");
     assert_eq!(rows(&target, "SELECT count(*) FROM t").await, ["249"]);
 }
+
+/// Under `REPLICA IDENTITY FULL` pgoutput flags every column as key. The
+/// sink took that for the key: `ON CONFLICT` over every column (which no
+/// ordinary target has a unique index for, so every insert failed), and
+/// deletes matching every column (`=` on `json` does not exist, and a NULL
+/// never matches). Such changes are now applied by the target table's
+/// primary key; replaying them changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_with_replica_identity_full_is_applied_by_the_target_s_primary_key() {
+    let pg = cluster();
+    pg.create_database("target").expect("target database");
+    let source = connect(&pg.conninfo("postgres")).await;
+    let target = connect(&pg.conninfo("target")).await;
+    let table = "CREATE TABLE f (id int PRIMARY KEY, name text, doc json, n int)";
+    sql(&source, &[table, "ALTER TABLE f REPLICA IDENTITY FULL"]).await;
+    sql(&target, &[table]).await;
+    let mut running = Running::start(config(&pg, "pub", "slot", &["f"]), Lsn::ZERO, 16).await;
+    sql(
+        &source,
+        &[
+            "INSERT INTO f VALUES (1, 'one', '{\"a\": 1}', NULL), (2, 'two', '[]', 2), \
+             (3, NULL, NULL, NULL)",
+            "UPDATE f SET name = 'uno' WHERE id = 1",
+            "UPDATE f SET id = 20, doc = '{}' WHERE id = 2",
+            "DELETE FROM f WHERE id = 3",
+            "INSERT INTO f VALUES (4, 'end', NULL, 4)",
+        ],
+    )
+    .await;
+    let batches = running
+        .until(20, |b| render(b).iter().any(|line| line.contains("'end'")))
+        .await;
+    let mut sink = PostgresSink::connect(&pg.conninfo("target"), None, BTreeMap::new())
+        .await
+        .expect("connects");
+    let query = "SELECT id, name, doc::text, n FROM f ORDER BY id";
+    let want = rows(&source, query).await;
+    assert_eq!(want.len(), 3, "{want:#?}");
+    for round in ["first", "replayed"] {
+        for batch in &batches {
+            sink.write(&Transformed::untouched(batch.clone()))
+                .await
+                .unwrap_or_else(|err| panic!("{round}: {err}"));
+        }
+        assert_eq!(rows(&target, query).await, want, "{round}");
+    }
+    running.stop().await.expect("the source stops cleanly");
+}

@@ -58,6 +58,9 @@ pub struct PostgresSink {
     client: Option<Client>,
     /// Prepared statements of the live connection, by SQL text.
     statements: HashMap<String, Statement>,
+    /// The primary key of target tables whose changes flag every column as
+    /// key (`None`: the table has none), by target, for the live connection.
+    primary_keys: HashMap<Target, Option<Vec<String>>>,
     /// What a `schema` change does.
     schema_changes: SchemaChanges,
 }
@@ -97,6 +100,7 @@ impl PostgresSink {
             routes: Routes { schema, tables },
             client: None,
             statements: HashMap::new(),
+            primary_keys: HashMap::new(),
             schema_changes: SchemaChanges::default(),
         };
         sink.reconnect().await?;
@@ -112,6 +116,7 @@ impl PostgresSink {
     async fn reconnect(&mut self) -> Result<(), SinkError> {
         self.client = None;
         self.statements.clear();
+        self.primary_keys.clear();
         let client = crate::pg::connect(&self.info).await.map_err(|e| {
             let message = format!(
                 "connecting to the target database {}: {e}; check that the server is up and \
@@ -138,7 +143,8 @@ impl PostgresSink {
             if change.op == Op::Schema {
                 self.plan_schema(&change, &mut targets, &mut plan).await?;
             } else {
-                plan_change(&self.routes, &change, &mut plan)?;
+                let primary = self.primary_key_for(&change).await?;
+                plan_change(&self.routes, &change, primary.as_deref(), &mut plan)?;
             }
         }
         let plan = coalesce(plan);
@@ -182,6 +188,58 @@ impl PostgresSink {
             .await
             .map_err(|e| failure(e, "committing", None))?;
         Ok(())
+    }
+}
+
+impl PostgresSink {
+    /// The key to apply `change` by when it is not the key its columns
+    /// flag: a change that flags every column (`REPLICA IDENTITY FULL` on
+    /// the source) would need a unique index over every column of the
+    /// target (and `=` on each, which `json` has not), so it is applied by
+    /// the target table's primary key, when the target has one and the
+    /// change carries its columns. Looked up once per table and connection.
+    async fn primary_key_for(&mut self, change: &Change) -> Result<Option<Vec<String>>, Failure> {
+        let every_column_key = matches!(
+            change.op,
+            Op::Insert | Op::Update | Op::Snapshot | Op::Delete
+        ) && !change.columns.is_empty()
+            && change.columns.iter().all(|c| c.key);
+        if !every_column_key {
+            return Ok(None);
+        }
+        let target = self
+            .routes
+            .target(&change.schema, &change.table, change.route.as_deref());
+        if !self.primary_keys.contains_key(&target) {
+            let client = self.client.as_ref().ok_or_else(|| Failure {
+                error: SinkError::transient("not connected to the target database"),
+                lost: true,
+            })?;
+            let rows = client
+                .query(
+                    "SELECT a.attname::text FROM pg_index i \
+                     JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey) \
+                     WHERE i.indrelid = to_regclass($1::text) AND i.indisprimary \
+                     ORDER BY array_position(i.indkey::int2[], a.attnum)",
+                    &[&target.sql()],
+                )
+                .await
+                .map_err(|e| failure(e, "reading the primary key", Some(&target)))?;
+            let mut names = Vec::with_capacity(rows.len());
+            for row in &rows {
+                names.push(schema::column::<String>(row, 0, &target)?);
+            }
+            self.primary_keys
+                .insert(target.clone(), (!names.is_empty()).then_some(names));
+        }
+        let primary = self.primary_keys.get(&target).and_then(Option::as_deref);
+        Ok(primary
+            .filter(|names| {
+                names
+                    .iter()
+                    .all(|n| change.columns.iter().any(|c| c.name == *n))
+            })
+            .map(<[String]>::to_vec))
     }
 }
 
@@ -389,8 +447,14 @@ impl Routes {
 // ---------------------------------------------------------------------------
 // Statements.
 
-/// Appends the statements that apply `change` to `plan`.
-fn plan_change(routes: &Routes, change: &Change, plan: &mut Vec<Planned>) -> Result<(), Failure> {
+/// Appends the statements that apply `change` to `plan`, by the key its
+/// columns flag or by `primary` (`PostgresSink::primary_key_for`).
+fn plan_change(
+    routes: &Routes,
+    change: &Change,
+    primary: Option<&[String]>,
+    plan: &mut Vec<Planned>,
+) -> Result<(), Failure> {
     match change.op {
         Op::Message | Op::Schema => Ok(()),
         Op::Truncate => {
@@ -433,7 +497,13 @@ fn plan_change(routes: &Routes, change: &Change, plan: &mut Vec<Planned>) -> Res
         }
         Op::Insert | Op::Update | Op::Snapshot | Op::Delete => {
             let target = routes.target(&change.schema, &change.table, change.route.as_deref());
-            let keys: Vec<&Column> = change.columns.iter().filter(|c| c.key).collect();
+            let keys: Vec<&Column> = match primary {
+                Some(names) => names
+                    .iter()
+                    .filter_map(|n| change.columns.iter().find(|c| c.name == *n))
+                    .collect(),
+                None => change.columns.iter().filter(|c| c.key).collect(),
+            };
             if keys.is_empty() {
                 return Err(SinkError::definite(format!(
                     "{}.{} has no key columns, so its changes cannot be applied to {target}: \

@@ -73,7 +73,7 @@ async fn read_target(
 
 /// Column `idx` of the target's answer about `target`'s columns: a value of
 /// another type than the query asks for is the target's error, not a panic.
-fn column<'a, T: tokio_postgres::types::FromSql<'a>>(
+pub(super) fn column<'a, T: tokio_postgres::types::FromSql<'a>>(
     row: &'a tokio_postgres::Row,
     idx: usize,
     target: &Target,
