@@ -59,6 +59,46 @@ struct App {
     token_digest: [u8; 32],
     timeout: Duration,
     max_upload: usize,
+    /// Dead letters being replayed, by pipeline and id: one replay each at
+    /// a time.
+    replaying: std::sync::Mutex<std::collections::HashSet<(String, u64)>>,
+}
+
+/// A dead letter claimed for one replay; the claim ends when this drops
+/// (the replay answered, failed, or its request went away).
+struct Replaying<'a> {
+    app: &'a App,
+    key: (String, u64),
+}
+
+impl<'a> Replaying<'a> {
+    /// Claims dead letter `id` of `pipeline`, unless a replay of it is
+    /// under way.
+    fn claim(app: &'a App, pipeline: &str, id: u64) -> Result<Replaying<'a>, ApiError> {
+        let key = (pipeline.to_owned(), id);
+        let mut replaying = app.replaying.lock().unwrap_or_else(|p| p.into_inner());
+        if !replaying.insert(key.clone()) {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "conflict",
+                format!(
+                    "dead letter {id} of pipeline `{pipeline}` is being replayed by another \
+                     request: wait for its answer"
+                ),
+            ));
+        }
+        Ok(Replaying { app, key })
+    }
+}
+
+impl Drop for Replaying<'_> {
+    fn drop(&mut self) {
+        self.app
+            .replaying
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.key);
+    }
 }
 
 /// An API error: status, stable code, message.
@@ -233,6 +273,7 @@ pub async fn serve(
         token_digest: sha256(token.as_bytes()),
         timeout: spec.request_timeout.0,
         max_upload: spec.max_upload.0,
+        replaying: Default::default(),
     });
     let listener = tokio::net::TcpListener::bind(listen)
         .await
@@ -1583,6 +1624,9 @@ async fn replay_dead_letter(
     State(app): State<Arc<App>>,
     Path((pipeline, id)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
+    let claimed = letter(&app, &pipeline, &id)?;
+    let _claim = Replaying::claim(&app, &pipeline, claimed.id)?;
+    // Read again under the claim: a replay that ended since removed it.
     let letter = letter(&app, &pipeline, &id)?;
     let control = app.pipeline(&pipeline)?.clone();
     let Some(handles) = control.handles() else {
