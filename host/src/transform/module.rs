@@ -579,7 +579,7 @@ impl Instance {
             arm(&mut live.store, &inner.engine, inner.limits);
             let (ptr, len) = write_input(&mut live, &inner.config, inner.limits)?;
             let packed = call(&mut live.store, &init, (ptr, len))
-                .map_err(|e| classify(e, inner.limits, None))?;
+                .map_err(|e| failed_call(&mut live, e, inner.limits))?;
             if packed != 0 {
                 let bytes = read_output(&mut live, packed, inner.limits)?;
                 match super::encode::decode_envelope(bytes) {
@@ -622,20 +622,7 @@ impl Instance {
         let (ptr, len) = write_input(live, input, limits)?;
         let packed = match call(&mut live.store, &live.transform, (ptr, len)) {
             Ok(packed) => packed,
-            Err(e) => {
-                // A call stopped at its deadline may have been dropped in
-                // the middle of a host function: ask nothing more of it.
-                let interrupted = matches!(
-                    e.downcast_ref::<wasmtime::Trap>(),
-                    Some(wasmtime::Trap::Interrupt)
-                );
-                let panic = live
-                    .panic_message
-                    .clone()
-                    .filter(|_| !interrupted)
-                    .and_then(|f| panic_message(&mut live.store, live.memory, f));
-                return Err(classify(e, limits, panic));
-            }
+            Err(e) => return Err(failed_call(live, e, limits)),
         };
         let output = read_output(live, packed, limits)?;
         let fuel = match (fuel_before, live.store.get_fuel().ok()) {
@@ -757,6 +744,23 @@ fn read_output(live: &mut Live, packed: i64, limits: Limits) -> Result<Vec<u8>, 
     call(&mut live.store, &live.dealloc, (ptr as i32, len as i32))
         .map_err(|e| classify(e, limits, None))?;
     Ok(output)
+}
+
+/// What a failed call of `datum_init` or `datum_transform` becomes: the
+/// trap, with the module's panic message when it has one.
+fn failed_call(live: &mut Live, e: wasmtime::Error, limits: Limits) -> TransformError {
+    // A call stopped at its deadline may have been dropped in the middle
+    // of a host function: ask nothing more of it.
+    let interrupted = matches!(
+        e.downcast_ref::<wasmtime::Trap>(),
+        Some(wasmtime::Trap::Interrupt)
+    );
+    let panic = live
+        .panic_message
+        .clone()
+        .filter(|_| !interrupted)
+        .and_then(|f| panic_message(&mut live.store, live.memory, f));
+    classify(e, limits, panic)
 }
 
 /// Asks a trapped instance for its panic message, carefully: it may trap

@@ -156,6 +156,25 @@ fn a_bad_configuration_fails_initialisation_with_the_modules_message() {
     assert!(err.to_string().contains("bogus"), "{err}");
 }
 
+/// A `datum_init` that panicked was reported as the bare trap
+/// ("unreachable"): the module's own panic message, which says what went
+/// wrong, was asked for only after `datum_transform` traps.
+#[test]
+fn a_panicking_initialisation_reports_the_module_s_panic_message() {
+    let engine = Engine::new(EngineOptions::default()).expect("engine");
+    let tagger = module(
+        &engine,
+        "tagger",
+        r#"{"tag": "t", "panic": "the setting `region` names no region"}"#,
+    );
+    let err = Chain::new(&[tagger]).run(batch(1)).expect_err("panics");
+    assert!(
+        err.to_string()
+            .contains("the setting `region` names no region"),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_guest_error_names_the_change_at_fault() {
     let engine = Engine::new(EngineOptions::default()).expect("engine");

@@ -3,7 +3,8 @@
 //! the output shows which version handled each batch. `tag = "refuse"` makes
 //! `datum_init` fail, for tests of a configuration a module rejects.
 //! `spin = N` (optional) makes each change cost N million loop turns, for
-//! tests of the time limit.
+//! tests of the time limit. `panic = "text"` makes `datum_init` panic with
+//! that text.
 
 use std::sync::OnceLock;
 
@@ -17,6 +18,9 @@ static SPIN: OnceLock<u64> = OnceLock::new();
 pub fn configure(config: Config) -> Result<()> {
     let tag: String = config.require("tag")?;
     let spin: Option<i64> = config.get("spin")?;
+    if let Some(text) = config.get::<String>("panic")? {
+        panic!("{text}");
+    }
     let _ = SPIN.set(spin.unwrap_or(0).max(0) as u64 * 1_000_000);
     if tag == "refuse" {
         return Err(Error::new("tag = \"refuse\": refusing, as asked"));
