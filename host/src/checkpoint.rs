@@ -436,6 +436,45 @@ impl Store {
         self.write_offset(pipeline, offset, true, &[], &[])
     }
 
+    /// Durably moves `pipeline`'s offset back to `offset` and forgets its
+    /// table shapes, in one commit: the shapes were kept with a later
+    /// position, and the changes replayed from `offset` may carry older
+    /// ones, which compared with them would look like columns dropped.
+    /// The tables' next Relation messages are their shapes again.
+    pub(crate) fn rewind_offset(
+        &self,
+        pipeline: &str,
+        offset: Offset,
+    ) -> Result<(), CheckpointError> {
+        let txn = self.db()?.begin_write().map_err(|e| self.storage(e))?;
+        {
+            let mut table = txn
+                .open_table(RELATION_SHAPES)
+                .map_err(|e| self.storage(e))?;
+            table
+                .retain_in((pipeline, 0)..=(pipeline, u32::MAX), |_, _| false)
+                .map_err(|e| self.storage(e))?;
+            let mut offsets = txn.open_table(OFFSETS).map_err(|e| self.storage(e))?;
+            offsets
+                .insert(
+                    pipeline,
+                    (
+                        offset.end_lsn.0,
+                        offset.commit_lsn.0,
+                        offset.xid,
+                        offset.commit_time,
+                        now_micros(),
+                    ),
+                )
+                .map_err(|e| self.storage(e))?;
+        }
+        txn.commit().map_err(|e| self.storage(e))?;
+        self.commits
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.succeeded();
+        Ok(())
+    }
+
     fn write_offset(
         &self,
         pipeline: &str,

@@ -65,16 +65,17 @@ struct App {
 }
 
 /// A dead letter claimed for one replay; the claim ends when this drops
-/// (the replay answered, failed, or its request went away).
-struct Replaying<'a> {
-    app: &'a App,
+/// (the replay answered or failed; not when its request went away, since
+/// what was sent to the sink is then still written).
+struct Replaying {
+    app: Arc<App>,
     key: (String, u64),
 }
 
-impl<'a> Replaying<'a> {
+impl Replaying {
     /// Claims dead letter `id` of `pipeline`, unless a replay of it is
     /// under way.
-    fn claim(app: &'a App, pipeline: &str, id: u64) -> Result<Replaying<'a>, ApiError> {
+    fn claim(app: &Arc<App>, pipeline: &str, id: u64) -> Result<Replaying, ApiError> {
         let key = (pipeline.to_owned(), id);
         let mut replaying = app.replaying.lock().unwrap_or_else(|p| p.into_inner());
         if !replaying.insert(key.clone()) {
@@ -87,11 +88,14 @@ impl<'a> Replaying<'a> {
                 ),
             ));
         }
-        Ok(Replaying { app, key })
+        Ok(Replaying {
+            app: app.clone(),
+            key,
+        })
     }
 }
 
-impl Drop for Replaying<'_> {
+impl Drop for Replaying {
     fn drop(&mut self) {
         self.app
             .replaying
@@ -1625,7 +1629,7 @@ async fn replay_dead_letter(
     Path((pipeline, id)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     let claimed = letter(&app, &pipeline, &id)?;
-    let _claim = Replaying::claim(&app, &pipeline, claimed.id)?;
+    let claim = Replaying::claim(&app, &pipeline, claimed.id)?;
     // Read again under the claim: a replay that ended since removed it.
     let letter = letter(&app, &pipeline, &id)?;
     let control = app.pipeline(&pipeline)?.clone();
@@ -1658,35 +1662,47 @@ async fn replay_dead_letter(
         )
     })?;
     let changes = transformed.len();
-    let (done, answer) = tokio::sync::oneshot::channel();
-    handles
-        .replay
-        .send(crate::daemon::pipeline::Replay {
-            batch: transformed,
-            done,
-        })
+    // From here on the replay runs to its end in a task of its own, holding
+    // the claim: a request that times out or goes away must not leave a
+    // batch on its way to the sink while the letter stays replayable.
+    let id = letter.id;
+    let app = app.clone();
+    let delivery = tokio::spawn(async move {
+        let _claim = claim;
+        let (done, answer) = tokio::sync::oneshot::channel();
+        handles
+            .replay
+            .send(crate::daemon::pipeline::Replay {
+                batch: transformed,
+                done,
+            })
+            .await
+            .map_err(|_| ApiError::new(StatusCode::CONFLICT, "conflict", "the pipeline stopped"))?;
+        match answer.await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => {
+                return Err(ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "sink_failed",
+                    format!("the sink refused it (it is kept): {err}"),
+                ));
+            }
+            Err(_) => {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "conflict",
+                    "the pipeline stopped before the sink answered (it is kept)",
+                ));
+            }
+        }
+        app.host.store.remove_dead_letter(&pipeline, id)?;
+        tracing::info!(pipeline = %pipeline, id, changes, "dead letter replayed over the admin API");
+        Ok(())
+    });
+    delivery
         .await
-        .map_err(|_| ApiError::new(StatusCode::CONFLICT, "conflict", "the pipeline stopped"))?;
-    match answer.await {
-        Ok(Ok(())) => {}
-        Ok(Err(err)) => {
-            return Err(ApiError::new(
-                StatusCode::BAD_GATEWAY,
-                "sink_failed",
-                format!("the sink refused it (it is kept): {err}"),
-            ));
-        }
-        Err(_) => {
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "conflict",
-                "the pipeline stopped before the sink answered (it is kept)",
-            ));
-        }
-    }
-    app.host.store.remove_dead_letter(&pipeline, letter.id)?;
-    tracing::info!(pipeline = %pipeline, id = letter.id, changes, "dead letter replayed over the admin API");
-    ok(json!({"id": letter.id, "replayed": true, "changes": changes}))
+        .map_err(|e| ApiError::internal(e.to_string()))??;
+    ok(json!({"id": id, "replayed": true, "changes": changes}))
 }
 
 #[cfg(test)]

@@ -131,7 +131,9 @@ pub(crate) async fn acquire(
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&slot];
             let attempt = async {
                 if !bounded {
-                    bound_session(&client).await?;
+                    bound_session(&client)
+                        .await
+                        .map_err(|e| format!("setting the lock session's timeouts: {e}"))?;
                     bounded = true;
                 }
                 client

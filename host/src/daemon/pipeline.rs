@@ -385,17 +385,19 @@ async fn start_position(
         // another may since have replayed from the slot into the target,
         // taking rows back to older values; resuming from this host's own
         // checkpoint would leave them there.
-        if confirmed > offset.end_lsn {
-            tracing::info!(pipeline = %name, checkpoint = %offset.end_lsn, %confirmed, "taking over the slot at its position");
-        } else {
-            tracing::info!(pipeline = %name, checkpoint = %offset.end_lsn, %confirmed, "the slot is behind this host's checkpoint: resuming from the slot, delivering the changes between again (another host may have replayed them since)");
-        }
+        let behind = confirmed < offset.end_lsn;
         offset = Offset {
             end_lsn: confirmed,
             commit_lsn: confirmed,
             ..Offset::default()
         };
-        store.reset_offset(name, offset)?;
+        if behind {
+            tracing::info!(pipeline = %name, checkpoint = %checkpoint.unwrap_or_default().end_lsn, %confirmed, "the slot is behind this host's checkpoint: resuming from the slot, delivering the changes between again (another host may have replayed them since)");
+            store.rewind_offset(name, offset)?;
+        } else {
+            tracing::info!(pipeline = %name, checkpoint = %checkpoint.unwrap_or_default().end_lsn, %confirmed, "taking over the slot at its position");
+            store.reset_offset(name, offset)?;
+        }
     }
     if prepared.resync_needed {
         tracing::warn!(pipeline = %name, "the slot was recreated: resynchronise the target");

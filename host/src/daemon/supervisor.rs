@@ -343,9 +343,18 @@ async fn supervise(
         let (outcome, ()) = tokio::join!(run, started);
         *control.handles.lock().unwrap_or_else(|p| p.into_inner()) = None;
         if let Err(err) = outcome {
+            // A drain cut short by its deadline after the lock was lost or
+            // a pause asked for: what it left comes again; stand by or
+            // pause as asked rather than fail.
+            let interrupted = matches!(err, PipelineError::DrainTimeout { .. })
+                && !*stop.borrow()
+                && (lease.as_ref().is_some_and(|l| l.is_lost()) || *pause.borrow());
             control.stats.record_error(err.to_string());
-            control.set_state(PipelineState::Failed);
-            return Err(err);
+            if !interrupted {
+                control.set_state(PipelineState::Failed);
+                return Err(err);
+            }
+            tracing::warn!(pipeline = %config.name, error = %err, "stopped with batches undelivered; they come again when it runs again");
         }
         if lease.as_ref().is_some_and(|l| l.is_lost()) && !*stop.borrow() {
             // Drained and checkpointed after losing the lock: stand by.

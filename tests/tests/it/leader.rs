@@ -305,7 +305,15 @@ async fn a_host_whose_checkpoint_is_ahead_of_the_shared_slot_resumes_from_the_sl
     src.batch_execute("UPDATE t SET v = 1 WHERE id = 1")
         .await
         .expect("first change");
-    src.batch_execute("UPDATE t SET v = 2 WHERE id = 1")
+    // A column added between the two changes: the host keeps the table's
+    // new shape with its checkpoint, and the replay from the slot brings
+    // the old one first, which must not read as the column dropped.
+    for db in [&src, &dst] {
+        db.batch_execute("ALTER TABLE t ADD COLUMN extra int")
+            .await
+            .expect("add column");
+    }
+    src.batch_execute("UPDATE t SET v = 2, extra = 7 WHERE id = 1")
         .await
         .expect("second change");
     wait_value(&dst, 1, 2, &a).await;
@@ -332,6 +340,12 @@ async fn a_host_whose_checkpoint_is_ahead_of_the_shared_slot_resumes_from_the_sl
     wait_value(&dst, 2, 3, &a).await;
     // Applied in commit order: the second change came before the third.
     assert_eq!(value(&dst, 1).await, Some(2), "{}", a.log());
+    let extra: Option<i32> = dst
+        .query_one("SELECT extra FROM t WHERE id = 1", &[])
+        .await
+        .expect("extra")
+        .get(0);
+    assert_eq!(extra, Some(7));
     let log = a.stop();
     assert!(
         log.contains("the slot is behind this host's checkpoint"),

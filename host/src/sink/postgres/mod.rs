@@ -59,8 +59,8 @@ pub struct PostgresSink {
     /// Prepared statements of the live connection, by SQL text.
     statements: HashMap<String, Statement>,
     /// The primary key of target tables whose changes flag every column as
-    /// key (`None`: the table has none), by target, for the live connection.
-    primary_keys: HashMap<Target, Option<Vec<String>>>,
+    /// key (empty: none), by target, until a write fails.
+    primary_keys: HashMap<Target, Vec<String>>,
     /// What a `schema` change does.
     schema_changes: SchemaChanges,
 }
@@ -229,10 +229,15 @@ impl PostgresSink {
             for row in &rows {
                 names.push(schema::column::<String>(row, 0, &target)?);
             }
-            self.primary_keys
-                .insert(target.clone(), (!names.is_empty()).then_some(names));
+            // Empty: the table is missing or has no primary key; the
+            // write then fails, which clears this.
+            self.primary_keys.insert(target.clone(), names);
         }
-        let primary = self.primary_keys.get(&target).and_then(Option::as_deref);
+        let primary = self
+            .primary_keys
+            .get(&target)
+            .map(Vec::as_slice)
+            .filter(|names| !names.is_empty());
         Ok(primary
             .filter(|names| {
                 names
@@ -320,6 +325,9 @@ impl Sink for PostgresSink {
                     self.client = None;
                     self.statements.clear();
                 }
+                // A person may fix the target (add a primary key) before
+                // the batch comes again: look the keys up afresh.
+                self.primary_keys.clear();
                 Err(error)
             }
         }
