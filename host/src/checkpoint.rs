@@ -381,7 +381,7 @@ impl Store {
     /// Durably records where `pipeline` resumes; returns once it is on disk.
     /// An offset never moves backwards: an older one is ignored.
     pub fn commit_offset(&self, pipeline: &str, offset: Offset) -> Result<(), CheckpointError> {
-        self.write_offset(pipeline, offset, false, &[], &[])
+        self.write_offset(pipeline, offset, Move::Forward, &[], &[])
     }
 
     /// Durably records where `pipeline` resumes together with what is
@@ -397,7 +397,7 @@ impl Store {
         progress: &[SnapshotProgress],
         shapes: &[(Arc<Relation>, bool)],
     ) -> Result<(), CheckpointError> {
-        self.write_offset(pipeline, offset, false, progress, shapes)
+        self.write_offset(pipeline, offset, Move::Forward, progress, shapes)
     }
 
     /// The table shapes kept for `pipeline`, each with whether it was a
@@ -430,10 +430,11 @@ impl Store {
         Ok(shapes)
     }
 
-    /// Durably replaces `pipeline`'s offset, also backwards: only for a slot
-    /// that was recreated, whose positions have nothing to do with the old.
+    /// Durably replaces `pipeline`'s offset, also backwards: for a slot that
+    /// was recreated (whose positions have nothing to do with the old), or
+    /// one another host streamed past this host's checkpoint.
     pub fn reset_offset(&self, pipeline: &str, offset: Offset) -> Result<(), CheckpointError> {
-        self.write_offset(pipeline, offset, true, &[], &[])
+        self.write_offset(pipeline, offset, Move::Reset, &[], &[])
     }
 
     /// Durably moves `pipeline`'s offset back to `offset` and forgets its
@@ -446,44 +447,24 @@ impl Store {
         pipeline: &str,
         offset: Offset,
     ) -> Result<(), CheckpointError> {
-        let txn = self.db()?.begin_write().map_err(|e| self.storage(e))?;
-        {
-            let mut table = txn
-                .open_table(RELATION_SHAPES)
-                .map_err(|e| self.storage(e))?;
-            table
-                .retain_in((pipeline, 0)..=(pipeline, u32::MAX), |_, _| false)
-                .map_err(|e| self.storage(e))?;
-            let mut offsets = txn.open_table(OFFSETS).map_err(|e| self.storage(e))?;
-            offsets
-                .insert(
-                    pipeline,
-                    (
-                        offset.end_lsn.0,
-                        offset.commit_lsn.0,
-                        offset.xid,
-                        offset.commit_time,
-                        now_micros(),
-                    ),
-                )
-                .map_err(|e| self.storage(e))?;
-        }
-        txn.commit().map_err(|e| self.storage(e))?;
-        self.commits
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.succeeded();
-        Ok(())
+        self.write_offset(pipeline, offset, Move::Rewind, &[], &[])
     }
 
     fn write_offset(
         &self,
         pipeline: &str,
         offset: Offset,
-        reset: bool,
+        how: Move,
         progress: &[SnapshotProgress],
         shapes: &[(Arc<Relation>, bool)],
     ) -> Result<(), CheckpointError> {
         let txn = self.db()?.begin_write().map_err(|e| self.storage(e))?;
+        if how == Move::Rewind {
+            txn.open_table(RELATION_SHAPES)
+                .map_err(|e| self.storage(e))?
+                .retain_in((pipeline, 0)..=(pipeline, u32::MAX), |_, _| false)
+                .map_err(|e| self.storage(e))?;
+        }
         if !progress.is_empty() {
             self.write_progress(&txn, pipeline, progress)?;
         }
@@ -505,7 +486,7 @@ impl Store {
                 .get(pipeline)
                 .map_err(|e| self.storage(e))?
                 .map(|v| v.value().0);
-            let stale = !reset && current.is_some_and(|end| end >= offset.end_lsn.0);
+            let stale = how == Move::Forward && current.is_some_and(|end| end >= offset.end_lsn.0);
             if stale && progress.is_empty() && shapes.is_empty() {
                 return Ok(());
             }
@@ -531,6 +512,17 @@ impl Store {
         self.succeeded();
         Ok(())
     }
+}
+
+/// How a pipeline's offset may move in a write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Move {
+    /// Forward only: an older offset is not written.
+    Forward,
+    /// To the offset given, also backwards.
+    Reset,
+    /// Backwards, forgetting the table shapes kept with the later offset.
+    Rewind,
 }
 
 /// A batch a pipeline set aside under `on_error = "dead_letter"`.

@@ -90,9 +90,11 @@ fn the_demo_shows_masked_changes_and_leaves_nothing_behind() {
     );
     let pg_dir = temp_dir("headless");
 
-    // Headless, for a bounded time.
+    // Headless, for a bounded time: 20 s, of which starting the throwaway
+    // server and compiling the module took up to 8 s under the suite's
+    // load, leaving the writer too little time for its 10 transactions.
     let started = Instant::now();
-    let output = demo(&pg_dir, &["--duration", "10s", "--no-color"])
+    let output = demo(&pg_dir, &["--duration", "20s", "--no-color"])
         .output()
         .expect("datum demo");
     let stdout = String::from_utf8_lossy(&output.stdout);
