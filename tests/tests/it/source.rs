@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use datum::{Lsn, SourceError};
+use datum::{Batch, Lsn, SourceError};
 use datum_guest::{Date, Timestamp, Value};
 use datum_tests::stream::{Running, config, render};
 use datum_tests::{PasswordAuth, cluster, connect};
@@ -651,8 +651,9 @@ async fn password_logins_stream_and_a_wrong_password_stops_without_leaking_it() 
     }
 }
 
-#[tokio::test]
-async fn a_start_past_the_checkpoint_is_reported_not_ignored() {
+/// Two transactions into `t`, both confirmed to slot `slot` (as by
+/// someone else): the server, a client, and the first transaction.
+async fn slot_confirmed_past_the_first() -> (datum_tests::Cluster, tokio_postgres::Client, Batch) {
     let pg = cluster();
     let client = connect(&pg.conninfo("postgres")).await;
     sql(&client, &["CREATE TABLE t (id int PRIMARY KEY)"]).await;
@@ -664,12 +665,18 @@ async fn a_start_past_the_checkpoint_is_reported_not_ignored() {
     .await;
     let first = source.next(10).await;
     let second = source.next(10).await;
-    // Someone acknowledges the second transaction to the server...
     source.checkpoint(&first);
     source.checkpoint(&second);
     tokio::time::sleep(Duration::from_millis(100)).await;
     source.stop().await.expect("stop");
-    // ...but our checkpoint only covers the first: resuming must not
+    (pg, client, first)
+}
+
+#[tokio::test]
+async fn a_start_past_the_checkpoint_is_reported_not_ignored() {
+    let (pg, _client, first) = slot_confirmed_past_the_first().await;
+    // Someone acknowledged the second transaction to the server, but our
+    // checkpoint only covers the first: resuming must not
     // silently skip the second.
     let resumed = Running::start_prepared(
         config(&pg, "pub", "slot", &["t"]),
@@ -688,22 +695,8 @@ async fn a_start_past_the_checkpoint_is_reported_not_ignored() {
 /// for good and left no host streaming.
 #[tokio::test]
 async fn a_slot_confirmed_past_the_start_by_another_host_is_followed_under_the_leader_lock() {
-    let pg = cluster();
-    let client = connect(&pg.conninfo("postgres")).await;
-    sql(&client, &["CREATE TABLE t (id int PRIMARY KEY)"]).await;
-    let mut source = Running::start(config(&pg, "pub", "slot", &["t"]), Lsn::ZERO, 4).await;
-    sql(
-        &client,
-        &["INSERT INTO t VALUES (1)", "INSERT INTO t VALUES (2)"],
-    )
-    .await;
-    let first = source.next(10).await;
-    let second = source.next(10).await;
     // The other host confirms both transactions...
-    source.checkpoint(&first);
-    source.checkpoint(&second);
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    source.stop().await.expect("stop");
+    let (pg, client, first) = slot_confirmed_past_the_first().await;
     // ...after this one read the slot at the first.
     let mut cfg = config(&pg, "pub", "slot", &["t"]);
     cfg.follow_slot = true;
