@@ -555,25 +555,7 @@ impl Connection {
     }
 
     fn take_message(&mut self) -> Result<Option<(u8, BytesMut)>, SourceError> {
-        if self.rbuf.len() < 5 {
-            return Ok(None);
-        }
-        let tag = self.rbuf[0];
-        let len = u32::from_be_bytes([self.rbuf[1], self.rbuf[2], self.rbuf[3], self.rbuf[4]]);
-        if len < 4 {
-            return Err(SourceError::Protocol(format!(
-                "message `{}` with invalid length {len}",
-                tag as char
-            )));
-        }
-        let total = len as usize + 1;
-        if self.rbuf.len() < total {
-            self.rbuf.reserve(total - self.rbuf.len());
-            return Ok(None);
-        }
-        let mut message = self.rbuf.split_to(total);
-        message.advance(5);
-        Ok(Some((tag, message)))
+        take_message(&mut self.rbuf)
     }
 
     async fn read_message(&mut self) -> Result<(u8, BytesMut), SourceError> {
@@ -584,6 +566,41 @@ impl Connection {
             self.fill().await?;
         }
     }
+}
+
+/// The longest message length a server declares: PostgreSQL builds each
+/// message's body in a buffer of at most `MaxAllocSize` (1 GiB less a
+/// byte), and the length counts its own 4 bytes too. A longer one is not
+/// PostgreSQL talking.
+const MAX_MESSAGE: u32 = (1 << 30) + 4;
+
+/// How much room is made ahead of a long message's bytes arriving: the
+/// buffer grows as they come (doubling), not by the length a peer declares.
+const RESERVE_AHEAD: usize = 8 * 1024 * 1024;
+
+/// Splits the next whole message (tag, body) off the front of `rbuf`, or
+/// `None` until all of it has arrived.
+fn take_message(rbuf: &mut BytesMut) -> Result<Option<(u8, BytesMut)>, SourceError> {
+    if rbuf.len() < 5 {
+        return Ok(None);
+    }
+    let tag = rbuf[0];
+    let len = u32::from_be_bytes([rbuf[1], rbuf[2], rbuf[3], rbuf[4]]);
+    if !(4..=MAX_MESSAGE).contains(&len) {
+        return Err(SourceError::Protocol(format!(
+            "message `{}` with invalid length {len} (a PostgreSQL server sends 4 to {MAX_MESSAGE}): \
+             is the address a PostgreSQL server?",
+            tag.escape_ascii()
+        )));
+    }
+    let total = len as usize + 1;
+    if rbuf.len() < total {
+        rbuf.reserve((total - rbuf.len()).min(RESERVE_AHEAD));
+        return Ok(None);
+    }
+    let mut message = rbuf.split_to(total);
+    message.advance(5);
+    Ok(Some((tag, message)))
 }
 
 /// Sends SSLRequest; `true` if the server agreed to TLS.
@@ -709,5 +726,36 @@ mod tests {
             }
         }
         assert!(parse_copy_data(Bytes::from_static(b"z")).is_err());
+    }
+
+    /// A peer declaring a message of gigabytes made the host reserve all of
+    /// it at once, before a byte of it arrived.
+    #[test]
+    fn a_declared_message_length_is_neither_trusted_nor_reserved_at_once() {
+        let frame = |len: u32| {
+            let mut buf = BytesMut::new();
+            buf.extend_from_slice(b"d");
+            buf.extend_from_slice(&len.to_be_bytes());
+            buf
+        };
+        let mut huge = frame(u32::MAX);
+        let err = take_message(&mut huge).expect_err("4 GiB");
+        assert!(
+            err.to_string().contains("invalid length 4294967295"),
+            "{err}"
+        );
+        assert!(take_message(&mut frame(3)).is_err());
+
+        let mut long = frame(MAX_MESSAGE);
+        assert!(take_message(&mut long).expect("legal length").is_none());
+        assert!(long.capacity() <= 5 + RESERVE_AHEAD, "{}", long.capacity());
+
+        let mut whole = frame(4 + 3);
+        whole.extend_from_slice(b"abc");
+        whole.extend_from_slice(b"Z");
+        let (tag, body) = take_message(&mut whole).expect("whole").expect("some");
+        assert_eq!((tag, &body[..]), (b'd', &b"abc"[..]));
+        assert_eq!(&whole[..], b"Z");
+        assert!(take_message(&mut whole).expect("partial").is_none());
     }
 }
