@@ -171,6 +171,12 @@ impl PostgresSink {
                 continue;
             }
             let run = rest.iter().take(PIPELINE).take_while(|p| !p.simple).count();
+            if self.statements.len() + run > MAX_STATEMENTS {
+                // Each is kept by the target's session: forget them all
+                // (dropping one closes it on the server) rather than
+                // keep one per statement text ever sent.
+                self.statements.clear();
+            }
             // Prepared here, not before the batch: a statement may name a
             // column that DDL earlier in this transaction added.
             for planned in &rest[..run] {
@@ -251,6 +257,11 @@ impl PostgresSink {
 /// Statements sent before the first answer is awaited: one round trip per
 /// this many rows instead of one per row.
 const PIPELINE: usize = 64;
+
+/// Prepared statements kept per connection at most; more are prepared
+/// afresh. A table's changes take a handful (an insert, update and delete
+/// per column set, and the multi-row upserts of `flush`).
+const MAX_STATEMENTS: usize = 512;
 
 /// Sends `run` (prepared statements) one after the other without waiting
 /// for answers in between, and reports the first that failed. Order is
@@ -595,7 +606,7 @@ struct Upsert {
 
 /// Rows at most in one upsert statement (fewer when the row has so many
 /// columns that the parameters would pass the protocol's 65,535).
-const ROWS_PER_UPSERT: usize = 100;
+const ROWS_PER_UPSERT: usize = 128;
 
 /// Joins runs of one-row upserts of the same SQL into multi-row upserts
 /// (`VALUES (...), (...)`): one statement for up to `ROWS_PER_UPSERT`
@@ -634,47 +645,49 @@ fn coalesce(plan: Vec<Planned>) -> Vec<Planned> {
     out
 }
 
-/// Appends `run` (one-row upserts of one SQL) to `out` as one statement.
+/// Appends `run` (one-row upserts of one SQL) to `out` as statements of a
+/// power of two rows each (100 rows: 64, 32 and 4), so that a table's
+/// upserts take at most eight statement texts, not one per run length:
+/// each text is prepared on the target, and kept there.
 fn flush(run: &mut Vec<Planned>, out: &mut Vec<Planned>) {
-    if run.len() < 2 {
-        out.append(run);
-        return;
-    }
-    let Some(Planned {
-        upsert: Some(Upsert { head, tail, .. }),
-        target,
-        params,
-        ..
-    }) = run.first()
-    else {
-        out.append(run);
-        return;
-    };
-    let columns = params.len();
-    let mut sql = head.clone();
-    let tail = tail.clone();
-    let target = target.clone();
-    let mut params = Vec::with_capacity(run.len() * columns);
-    for (r, planned) in run.drain(..).enumerate() {
-        sql.push_str(if r == 0 { "(" } else { ", (" });
-        for c in 0..columns {
-            if c > 0 {
-                sql.push_str(", ");
+    while run.len() >= 2 {
+        let rows = 1 << run.len().ilog2();
+        let Some(Planned {
+            upsert: Some(Upsert { head, tail, .. }),
+            target,
+            params,
+            ..
+        }) = run.first()
+        else {
+            break;
+        };
+        let columns = params.len();
+        let mut sql = head.clone();
+        let tail = tail.clone();
+        let target = target.clone();
+        let mut params = Vec::with_capacity(rows * columns);
+        for (r, planned) in run.drain(..rows).enumerate() {
+            sql.push_str(if r == 0 { "(" } else { ", (" });
+            for c in 0..columns {
+                if c > 0 {
+                    sql.push_str(", ");
+                }
+                sql.push_str(&format!("${}", r * columns + c + 1));
             }
-            sql.push_str(&format!("${}", r * columns + c + 1));
+            sql.push(')');
+            params.extend(planned.params);
         }
-        sql.push(')');
-        params.extend(planned.params);
+        sql.push_str(&tail);
+        out.push(Planned {
+            sql,
+            params,
+            target,
+            simple: false,
+            ddl: false,
+            upsert: None,
+        });
     }
-    sql.push_str(&tail);
-    out.push(Planned {
-        sql,
-        params,
-        target,
-        simple: false,
-        ddl: false,
-        upsert: None,
-    });
+    out.append(run);
 }
 
 struct Exec<'a> {
@@ -932,6 +945,46 @@ mod tests {
     use datum_guest::wire::{Interval, Timestamp};
 
     use super::*;
+
+    /// Every run length of upserts made a statement text of its own, each
+    /// prepared and kept on the target's session: about a hundred per table
+    /// and column set, without end over many tables.
+    #[test]
+    fn upserts_of_any_run_length_take_few_statement_texts() {
+        let upsert = |key: usize| Planned {
+            sql: "INSERT INTO t (k, v) VALUES ($1, $2) ON CONFLICT (k) DO UPDATE".into(),
+            params: vec![PgText(Some(key.to_string())), PgText(Some("v".into()))],
+            target: None,
+            simple: false,
+            ddl: false,
+            upsert: Some(Upsert {
+                head: "INSERT INTO t (k, v) VALUES ".into(),
+                tail: " ON CONFLICT (k) DO UPDATE".into(),
+                key: vec![0],
+            }),
+        };
+        let mut texts = HashSet::new();
+        for rows in 1..=300 {
+            let plan = coalesce((0..rows).map(upsert).collect());
+            let sent: usize = plan.iter().map(|p| p.params.len() / 2).sum();
+            assert_eq!(sent, rows, "every row is sent once");
+            let mut next = 0;
+            for planned in &plan {
+                for (i, pair) in planned.params.chunks(2).enumerate() {
+                    assert_eq!(pair[0].0.as_deref(), Some(&*(next + i).to_string()));
+                }
+                next += planned.params.len() / 2;
+                let last = planned.params.len();
+                assert!(
+                    planned.sql.contains(&format!("${last})")),
+                    "{}",
+                    planned.sql
+                );
+                texts.insert(planned.sql.clone());
+            }
+        }
+        assert!(texts.len() <= 8, "{} statement texts", texts.len());
+    }
 
     #[test]
     fn values_print_as_postgres_reads_them() {
