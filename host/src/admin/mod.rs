@@ -1131,12 +1131,16 @@ fn module_json(store: &Store, pipeline: &str, slot: &hotswap::SlotInfo) -> Resul
             })
         })
         .collect();
-    Ok(json!({
+    let mut module = json!({
         "name": slot.name,
         "active": {"version": slot.version, "sha256": slot.sha256},
         "versions": versions,
         "activations": activations,
-    }))
+    });
+    if let Some(pending) = slot.pending {
+        module["pending"] = json!({ "version": pending });
+    }
+    Ok(module)
 }
 
 async fn list_modules(

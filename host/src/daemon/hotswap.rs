@@ -53,10 +53,14 @@ pub struct Slot {
 pub struct SlotInfo {
     /// The transform's name.
     pub name: String,
-    /// The active version.
+    /// The version in force: the one the transform thread runs.
     pub version: u64,
     /// The module's SHA-256.
     pub sha256: String,
+    /// A version published but not yet in force: the transform thread
+    /// adopts it at the next transaction boundary.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pending: Option<u64>,
 }
 
 /// The modules in force for one pipeline; see the module documentation.
@@ -73,7 +77,10 @@ pub struct ActiveChain {
 
 #[derive(Debug)]
 struct ChainState {
+    /// The transforms as last published.
     slots: Vec<Slot>,
+    /// What the transform thread runs: `slots` as of generation `applied`.
+    in_force: Vec<SlotInfo>,
     /// Bumped by every publication.
     generation: u64,
     /// The generation the transform thread runs.
@@ -92,6 +99,7 @@ impl ActiveChain {
     pub fn new(slots: Vec<Slot>, boundary: Lsn) -> Arc<ActiveChain> {
         Arc::new(ActiveChain {
             state: Mutex::new(ChainState {
+                in_force: in_force(&slots),
                 slots,
                 generation: 0,
                 applied: 0,
@@ -113,15 +121,21 @@ impl ActiveChain {
         self.lock().slots.clone()
     }
 
-    /// What each transform runs.
+    /// What each transform runs, and what it will run once the transform
+    /// thread adopts a version published meanwhile.
     pub fn info(&self) -> Vec<SlotInfo> {
-        self.lock()
-            .slots
+        let state = self.lock();
+        state
+            .in_force
             .iter()
-            .map(|s| SlotInfo {
-                name: s.name.clone(),
-                version: s.version,
-                sha256: s.module.sha256().to_owned(),
+            .map(|running| {
+                let published = state.slots.iter().find(|s| s.name == running.name);
+                SlotInfo {
+                    pending: published
+                        .filter(|s| s.version != running.version)
+                        .map(|s| s.version),
+                    ..running.clone()
+                }
             })
             .collect()
     }
@@ -142,7 +156,7 @@ impl ActiveChain {
             state.slots[index] = slot;
             state.generation += 1;
             if !state.running {
-                state.applied = state.generation;
+                state.apply();
                 return Some(state.boundary);
             }
             let (tx, rx) = oneshot::channel();
@@ -164,7 +178,7 @@ impl ActiveChain {
     pub(crate) fn attach(&self, boundary: Lsn) -> (Chain, bool) {
         let mut state = self.lock();
         state.running = true;
-        state.applied = state.generation;
+        state.apply();
         state.boundary = boundary;
         let modules: Vec<Module> = state.slots.iter().map(|s| s.module.clone()).collect();
         let empty = modules.is_empty();
@@ -183,7 +197,7 @@ impl ActiveChain {
     /// published, in force after `boundary`.
     pub(crate) fn adopt(&self, boundary: Lsn) -> Chain {
         let mut state = self.lock();
-        state.applied = state.generation;
+        state.apply();
         state.boundary = boundary;
         let modules: Vec<Module> = state.slots.iter().map(|s| s.module.clone()).collect();
         let generation = state.applied;
@@ -209,7 +223,7 @@ impl ActiveChain {
 
     fn unattended(state: &mut ChainState) {
         state.running = false;
-        state.applied = state.generation;
+        state.apply();
         let (generation, boundary) = (state.applied, state.boundary);
         answer(&mut state.waiters, generation, boundary);
     }
@@ -218,6 +232,26 @@ impl ActiveChain {
     pub(crate) async fn woken(&self) {
         self.wake.notified().await;
     }
+}
+
+impl ChainState {
+    /// The transform thread runs what was last published.
+    fn apply(&mut self) {
+        self.applied = self.generation;
+        self.in_force = in_force(&self.slots);
+    }
+}
+
+fn in_force(slots: &[Slot]) -> Vec<SlotInfo> {
+    slots
+        .iter()
+        .map(|s| SlotInfo {
+            name: s.name.clone(),
+            version: s.version,
+            sha256: s.module.sha256().to_owned(),
+            pending: None,
+        })
+        .collect()
 }
 
 fn answer(waiters: &mut Vec<(u64, oneshot::Sender<Lsn>)>, applied: u64, lsn: Lsn) {
@@ -589,4 +623,75 @@ fn no_transform(pipeline: &str, name: &str) -> SwapError {
     SwapError::NotFound(format!(
         "pipeline `{pipeline}` has no transform named `{name}`"
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A published version was reported active (status, module pages,
+    /// metrics, dead letters) while the transform thread still ran the old
+    /// one: until the next transaction boundary, which a stream held up by
+    /// its sink can put off for as long as the sink is down.
+    #[test]
+    fn a_version_published_but_not_adopted_is_reported_pending_not_active() {
+        let engine =
+            crate::transform::Engine::new(crate::transform::engine::EngineOptions::default())
+                .expect("engine");
+        let module = |body: &str| {
+            let wat = format!(
+                r#"(module
+  (memory (export "memory") 1)
+  (func (export "datum_abi_v1"))
+  (func (export "datum_alloc") (param i32) (result i32) (i32.const 4096))
+  (func (export "datum_dealloc") (param i32 i32))
+  (func (export "datum_transform") (param i32 i32) (result i64) {body}))"#
+            );
+            Module::new(&engine, "m", wat.as_bytes(), Limits::default(), vec![]).expect("module")
+        };
+        let slot = Slot {
+            name: "m".into(),
+            key: "p/m".into(),
+            module: module("(i64.const 0)"),
+            version: 1,
+            config: String::new(),
+            limits: Limits::default(),
+        };
+        let old_sha = slot.module.sha256().to_owned();
+        let new = Slot {
+            module: module("(i64.const 1) (drop) (i64.const 0)"),
+            version: 2,
+            ..slot.clone()
+        };
+        let new_sha = new.module.sha256().to_owned();
+        let active = ActiveChain::new(vec![slot], Lsn(16));
+        let _ = active.attach(Lsn(32));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let publish = active.publish(new);
+            tokio::pin!(publish);
+            let waiting = tokio::time::timeout(Duration::from_millis(50), &mut publish).await;
+            assert!(waiting.is_err(), "the swap waits for the thread");
+            let info = active.info();
+            assert_eq!(
+                (info[0].version, info[0].sha256.as_str(), info[0].pending),
+                (1, old_sha.as_str(), Some(2)),
+                "before adoption"
+            );
+            assert!(active.pending());
+            let _ = active.adopt(Lsn(48));
+            assert_eq!(publish.await, Some(Lsn(48)));
+        });
+        let info = active.info();
+        assert_eq!(
+            (info[0].version, info[0].sha256.as_str(), info[0].pending),
+            (2, new_sha.as_str(), None),
+            "after adoption"
+        );
+    }
 }
