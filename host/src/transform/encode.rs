@@ -13,7 +13,7 @@ use datum_guest::wire::{self, Change as WireChange, Column as WireColumn, GuestE
 use datum_guest::{Op, Txn, Value};
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::ser::{SerializeMap, SerializeSeq};
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserializer, Serialize, Serializer};
 
 use super::TransformError;
 use super::sandbox::guest_text;
@@ -250,18 +250,24 @@ pub(crate) enum Answer {
 /// (not both; other keys are ignored, as readers ignore fields they do not
 /// know), and nothing after it. An element of `changes` that is neither an
 /// index nor a change map is reported with its position and why.
-pub(crate) fn decode_envelope(bytes: Vec<u8>) -> Result<Answer, String> {
+pub(crate) fn decode_envelope(bytes: Vec<u8>, most: usize) -> Result<Answer, String> {
     // The shape every module answers with when it works, read directly
     // (rows keep the bytes, and values decode when read); anything else
-    // (errors included) goes the strict way below.
-    let bytes = match wire::decode_changes_envelope(bytes) {
-        Ok(changes) => return Ok(Answer::Changes(changes)),
-        Err(bytes) => bytes,
+    // (errors, and more than `most` changes, included) goes the strict way
+    // below, which says what is wrong.
+    let declared = declared_changes(&bytes);
+    let bytes = if declared.is_some_and(|n| n <= most) {
+        match wire::decode_changes_envelope(bytes) {
+            Ok(changes) => return Ok(Answer::Changes(changes)),
+            Err(bytes) => bytes,
+        }
+    } else {
+        bytes
     };
     let bytes = bytes.as_slice();
     let mut reader = std::io::Cursor::new(bytes);
     let mut de = rmp_serde::Deserializer::new(&mut reader);
-    let envelope = RawEnvelope::deserialize(&mut de).map_err(|e| match e {
+    let envelope = RawEnvelope::read(&mut de, most).map_err(|e| match e {
         rmp_serde::decode::Error::Syntax(why) => why,
         other => format!("not valid MessagePack: {other}"),
     })?;
@@ -292,14 +298,35 @@ pub(crate) fn decode_envelope(bytes: Vec<u8>) -> Result<Answer, String> {
     }
 }
 
+/// How many changes an envelope of the usual shape (`{"changes": [...]}`)
+/// says it holds, read from its first bytes.
+fn declared_changes(bytes: &[u8]) -> Option<usize> {
+    let mut r = bytes;
+    if rmp::decode::read_map_len(&mut r).ok()? != 1 {
+        return None;
+    }
+    let key_len = rmp::decode::read_str_len(&mut r).ok()? as usize;
+    if r.get(..key_len)? != b"changes" {
+        return None;
+    }
+    let r = &mut &r[key_len..];
+    rmp::decode::read_array_len(r).ok().map(|n| n as usize)
+}
+
 struct RawEnvelope {
     changes: Option<Vec<Output>>,
     error: Option<GuestError>,
 }
 
-impl<'de> Deserialize<'de> for RawEnvelope {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<RawEnvelope, D::Error> {
-        struct EnvelopeVisitor;
+impl RawEnvelope {
+    /// Reads an envelope of at most `most` changes.
+    fn read<'de, D: Deserializer<'de>>(
+        deserializer: D,
+        most: usize,
+    ) -> Result<RawEnvelope, D::Error> {
+        struct EnvelopeVisitor {
+            most: usize,
+        }
         impl<'de> Visitor<'de> for EnvelopeVisitor {
             type Value = RawEnvelope;
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -315,7 +342,10 @@ impl<'de> Deserialize<'de> for RawEnvelope {
                         "changes" if envelope.changes.is_some() => {
                             return Err(de::Error::custom("`changes` appears twice"));
                         }
-                        "changes" => envelope.changes = Some(map.next_value_seed(Outputs)?),
+                        "changes" => {
+                            envelope.changes =
+                                Some(map.next_value_seed(Outputs { most: self.most })?);
+                        }
                         "error" if envelope.error.is_some() => {
                             return Err(de::Error::custom("`error` appears twice"));
                         }
@@ -332,13 +362,15 @@ impl<'de> Deserialize<'de> for RawEnvelope {
                 Ok(envelope)
             }
         }
-        deserializer.deserialize_map(EnvelopeVisitor)
+        deserializer.deserialize_map(EnvelopeVisitor { most })
     }
 }
 
 /// `changes`, each element read on its own so that a bad one is reported
-/// with its position and its cause.
-struct Outputs;
+/// with its position and its cause; at most `most` of them.
+struct Outputs {
+    most: usize,
+}
 
 impl<'de> DeserializeSeed<'de> for Outputs {
     type Value = Vec<Output>;
@@ -356,6 +388,14 @@ impl<'de> Visitor<'de> for Outputs {
         let mut outputs = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
         loop {
             let position = outputs.len();
+            if position == self.most && seq.next_element::<IgnoredAny>()?.is_some() {
+                return Err(de::Error::custom(format!(
+                    "more than {} changes: a result holds at most {MAX_KEPT_PER_INPUT} per \
+                     change of the batch, or {MIN_MOST_CHANGES} (each decoded change costs \
+                     the host far more memory than its bytes)",
+                    self.most
+                )));
+            }
             match seq.next_element::<Output>() {
                 Ok(Some(output)) => outputs.push(output),
                 Ok(None) => return Ok(outputs),
@@ -390,7 +430,8 @@ pub(crate) fn decode_output(
     input: &[Item],
     source: &Batch,
 ) -> Result<Vec<Item>, TransformError> {
-    let outputs = match decode_envelope(bytes) {
+    let most = most_changes(input.len());
+    let outputs = match decode_envelope(bytes, most) {
         Err(why) => {
             return Err(TransformError::InvalidOutput(format!(
                 "the result envelope is invalid: {}",
@@ -450,8 +491,20 @@ pub(crate) fn decode_output(
         .collect()
 }
 
-/// How many times over a module's answer may keep its input's changes.
+/// How many times over a module's answer may keep its input's changes,
+/// and hold changes in all (unless that is under `MIN_MOST_CHANGES`).
 const MAX_KEPT_PER_INPUT: usize = 16;
+
+/// How many changes any answer may hold (a module that turns one row into
+/// many has room), whatever the size of its batch.
+pub(crate) const MIN_MOST_CHANGES: usize = 65_536;
+
+/// How many changes an answer to a batch of `input` changes may hold.
+fn most_changes(input: usize) -> usize {
+    input
+        .saturating_mul(MAX_KEPT_PER_INPUT)
+        .max(MIN_MOST_CHANGES)
+}
 
 /// The input's columns of each table, found once per answer.
 type KnownColumns = HashMap<(String, String), Option<Arc<[WireColumn]>>>;
@@ -1036,7 +1089,7 @@ mod tests {
         .expect("as many as allowed");
         assert_eq!(out.len(), most);
         let err = decode_output(
-            wire::to_msgpack(&keeping(1_000_000)).expect("encode"),
+            wire::to_msgpack(&keeping(1_000)).expect("encode"),
             &input,
             &batch,
         )
@@ -1044,9 +1097,49 @@ mod tests {
         assert_eq!(err.kind(), "invalid_output");
         assert!(
             err.to_string()
-                .contains("keeps 1000000 changes of a batch of 3"),
+                .contains("keeps 1000 changes of a batch of 3"),
             "{err}"
         );
+    }
+
+    /// A change of a few bytes in a module's answer decodes to hundreds of
+    /// bytes on the host: an answer of millions of tiny changes, within
+    /// `max_output`, took gigabytes of the host's memory.
+    #[test]
+    fn an_answer_of_more_changes_than_a_batch_may_make_is_refused_before_it_is_decoded() {
+        let batch = batch();
+        let input: Vec<Item> = (0..3).map(Item::Source).collect();
+        let mut made = WireChange::new(datum_guest::Op::Delete, "", "");
+        made.old = Some(wire::Row::from_fields(vec![]));
+        let making = |n: usize| Envelope::Changes {
+            changes: vec![Output::Change(Box::new(made.clone())); n],
+        };
+        let out = decode_output(
+            wire::to_msgpack(&making(MIN_MOST_CHANGES)).expect("encode"),
+            &input,
+            &batch,
+        )
+        .expect("as many as allowed");
+        assert_eq!(out.len(), MIN_MOST_CHANGES);
+        let many = wire::to_msgpack(&making(MIN_MOST_CHANGES + 1)).expect("encode");
+        let err = decode_output(many, &input, &batch).expect_err("too many");
+        assert_eq!(err.kind(), "invalid_output");
+        assert!(err.to_string().contains("more than 65536 changes"), "{err}");
+        // The same answer in another shape (a second key) is refused too.
+        let mut other = vec![0x82];
+        other.extend(wire::to_msgpack(&making(MIN_MOST_CHANGES + 1)).expect("encode")[1..].iter());
+        other.extend(b"\xa5error\xc0");
+        let err = decode_output(other, &input, &batch).expect_err("too many");
+        assert!(err.to_string().contains("more than 65536 changes"), "{err}");
+        // A big batch may make as many as it keeps.
+        let big: Vec<Item> = (0..5_000).map(|i| Item::Source(i % 3)).collect();
+        let out = decode_output(
+            wire::to_msgpack(&making(70_000)).expect("encode"),
+            &big,
+            &batch,
+        )
+        .expect("16 per input change");
+        assert_eq!(out.len(), 70_000);
     }
 
     /// A module's error message went into the host's error, its log line

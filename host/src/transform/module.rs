@@ -582,7 +582,7 @@ impl Instance {
                 .map_err(|e| failed_call(&mut live, e, inner.limits))?;
             if packed != 0 {
                 let bytes = read_output(&mut live, packed, inner.limits)?;
-                match super::encode::decode_envelope(bytes) {
+                match super::encode::decode_envelope(bytes, super::encode::MIN_MOST_CHANGES) {
                     Ok(super::encode::Answer::Error(error)) => {
                         return Err(TransformError::Init(super::sandbox::guest_text(
                             &error.message,
