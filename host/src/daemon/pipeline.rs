@@ -853,6 +853,7 @@ impl<S: Sink> Delivery<'_, S> {
         let Some(result) =
             watched(write, shutdown, &mut self.drain, self.config, self.counters).await
         else {
+            self.sink.abandon().await;
             let _ = replay.done.send(Err(SinkError::transient(
                 "the pipeline stopped before the sink answered; replay the dead letter again",
             )));
@@ -881,6 +882,7 @@ impl<S: Sink> Delivery<'_, S> {
         let Some(result) =
             watched(write, shutdown, &mut self.drain, self.config, self.counters).await
         else {
+            self.sink.abandon().await;
             return false;
         };
         match result {
@@ -921,6 +923,7 @@ impl<S: Sink> Delivery<'_, S> {
             )
             .await
             else {
+                self.sink.abandon().await;
                 return Ok(false);
             };
             match result {

@@ -80,6 +80,32 @@ pub(crate) async fn connect(info: &ConnInfo) -> Result<Client, ConnectError> {
     Ok(client)
 }
 
+/// Asks the server to cancel what `client`'s session is running (a
+/// statement waiting for a lock, say), over a connection of its own, as
+/// `client` was made (TLS included). Gives up after `within`; what went
+/// wrong is logged, not returned: the session is being left either way.
+pub(crate) async fn cancel(info: &ConnInfo, client: &Client, within: std::time::Duration) {
+    let token = client.cancel_token();
+    let sent = tokio::time::timeout(within, async {
+        match tls::connector(info) {
+            Ok(None) => token.cancel_query(tokio_postgres::NoTls).await,
+            Ok(Some(tls)) => token.cancel_query(tls).await,
+            Err(err) => {
+                tracing::debug!(error = %err, "no TLS for the cancel request");
+                Ok(())
+            }
+        }
+    })
+    .await;
+    match sent {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => {
+            tracing::warn!(error = %err, "asking the server to cancel a statement failed")
+        }
+        Err(_) => tracing::warn!("asking the server to cancel a statement timed out"),
+    }
+}
+
 fn connect_error(info: &ConnInfo, err: tokio_postgres::Error) -> ConnectError {
     if let Some(db) = err.as_db_error()
         && db.code().code().starts_with("28")

@@ -13,7 +13,7 @@ mod error;
 mod quote;
 pub(crate) mod tls;
 
-pub(crate) use connect::{ConnectError, connect};
+pub(crate) use connect::{ConnectError, cancel, connect};
 pub(crate) use conninfo::{ConnInfo, Host, SslMode};
 pub(crate) use error::{error_chain, sqlstate_class, transient_sqlstate};
 pub(crate) use quote::{quote_ident, quote_literal};

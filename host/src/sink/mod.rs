@@ -104,6 +104,15 @@ pub trait Sink: Send {
     fn bytes_written(&self) -> u64 {
         0
     }
+
+    /// Called after a write was given up unfinished (dropped at the drain
+    /// deadline): a sink whose destination may still be working on it asks
+    /// the destination to stop, so that it does not go on (a statement
+    /// waiting for a lock, then running) after the host has left. The
+    /// default does nothing.
+    fn abandon(&mut self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
 }
 
 impl<S: Sink> Sink for &mut S {
@@ -120,6 +129,10 @@ impl<S: Sink> Sink for &mut S {
 
     fn bytes_written(&self) -> u64 {
         (**self).bytes_written()
+    }
+
+    fn abandon(&mut self) -> impl Future<Output = ()> + Send {
+        (**self).abandon()
     }
 }
 
@@ -166,6 +179,16 @@ impl Sink for AnySink {
             AnySink::Http(sink) => sink.bytes_written(),
             AnySink::Postgres(sink) => sink.bytes_written(),
             AnySink::Nats(sink) => sink.bytes_written(),
+        }
+    }
+
+    async fn abandon(&mut self) {
+        match self {
+            AnySink::Stdout(sink) => sink.abandon().await,
+            AnySink::File(sink) => sink.abandon().await,
+            AnySink::Http(sink) => sink.abandon().await,
+            AnySink::Postgres(sink) => sink.abandon().await,
+            AnySink::Nats(sink) => sink.abandon().await,
         }
     }
 }

@@ -923,9 +923,10 @@ async fn a_sink_refused_dead_letter_records_the_active_module_version() {
 /// was not watched for shutdown: SIGTERM left the host waiting as long as
 /// the lock was held. Shutdown now bounds a write in progress by
 /// `drain_timeout` too; the batch is left unacknowledged and arrives once
-/// the lock is gone.
+/// the lock is gone. The given-up statement was then left waiting for the
+/// lock on the target after the host had gone; it is cancelled now.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_with_the_target_table_locked_exits_within_drain_timeout() {
+async fn sigterm_with_the_target_table_locked_exits_within_drain_timeout_and_cancels_the_write() {
     let pg = cluster();
     let (src, dst) = crate::snapshot::two_databases(&pg).await;
     for db in [&src, &dst] {
@@ -979,6 +980,28 @@ async fn sigterm_with_the_target_table_locked_exits_within_drain_timeout() {
     // A batch left undelivered: the exit says so.
     assert!(!status.success(), "{log}");
     assert!(log.contains("drain_timeout"), "{log}");
+    // The given-up write does not stay queued for the lock after the host
+    // left (the server does not notice a client gone while it waits): it
+    // was cancelled.
+    let waiting = async || -> i64 {
+        locker
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE datname = 'dst' AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .expect("pg_stat_activity")
+            .get(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while waiting().await != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the sink's statement still waits for the lock after the host stopped:\n{log}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     locker.batch_execute("ROLLBACK").await.expect("unlock");
     assert_eq!(count(&dst).await, 1, "{log}");
 

@@ -343,7 +343,24 @@ impl Sink for PostgresSink {
             }
         }
     }
+
+    /// Cancels the statement the given-up write left running on the target
+    /// (its transaction then rolls back), and leaves that session: the
+    /// next write connects afresh.
+    async fn abandon(&mut self) {
+        let Some(client) = self.client.take() else {
+            return;
+        };
+        self.statements.clear();
+        self.primary_keys.clear();
+        if !client.is_closed() {
+            crate::pg::cancel(&self.info, &client, CANCEL_WITHIN).await;
+        }
+    }
 }
+
+/// How long asking the target to cancel a given-up write may take.
+const CANCEL_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A failed batch, and whether the connection is gone with it.
 struct Failure {
