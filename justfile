@@ -43,6 +43,9 @@ test: _pg _wasm-target
             "${dir%/}/build.sh" "${CARGO_TARGET_DIR:-target}/wasm32-wasip1/release/$name.wasm"
         fi
     done
+    # Everything the tests run is built: they need not ask cargo again
+    # (tests/src/lib.rs, `prebuilt`).
+    export DATUM_TESTS_PREBUILT=1
     if cargo nextest --version >/dev/null 2>&1; then
         cargo nextest run --workspace
     else

@@ -86,6 +86,9 @@ pub const BUILD_FOR_TESTS: [&str; 3] = ["--workspace", "--bins", "--tests"];
 fn cargo_build_once(args: &[&str], what: &str) {
     use std::sync::Mutex;
     static BUILT: Mutex<Vec<Vec<String>>> = Mutex::new(Vec::new());
+    if prebuilt() {
+        return;
+    }
     let key: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
     let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
     if built.contains(&key) {
@@ -111,6 +114,14 @@ fn cargo_build_once(args: &[&str], what: &str) {
     let status = cargo.status().expect("running cargo");
     assert!(status.success(), "building {what} failed");
     built.push(key);
+}
+
+/// Whether `just test` built the binaries and modules just before the
+/// tests (it sets `DATUM_TESTS_PREBUILT=1`): then no test process asks
+/// cargo again. Each ask is a no-op costing most of a CPU-second, and the
+/// suite starts hundreds of test processes on two cores.
+fn prebuilt() -> bool {
+    std::env::var_os("DATUM_TESTS_PREBUILT").is_some_and(|v| v == "1")
 }
 
 /// Whether `name` is one of the variables cargo sets for a package it
@@ -156,7 +167,7 @@ fn script_build_once(script: &std::path::Path, out: &std::path::Path) {
     use std::sync::Mutex;
     static BUILT: Mutex<Vec<std::path::PathBuf>> = Mutex::new(Vec::new());
     let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
-    if built.iter().any(|s| s == script) {
+    if prebuilt() || built.iter().any(|s| s == script) {
         return;
     }
     let status = std::process::Command::new(script)
