@@ -40,7 +40,8 @@
 //!
 //! A snapshot's state is 0 pending, 1 copying, 2 done, 3 failed; its detail
 //! is a MessagePack map with named fields (`cursor`: the text of the last
-//! key copied, one entry per key column; `chunks`; `error`; `started_at`),
+//! key copied, one entry per key column; `key`: those columns' names, absent
+//! in files written before it was added; `chunks`; `error`; `started_at`),
 //! so that fields can be added. The table `*` of a pipeline stands for
 //! "every table of the publication", recorded before the slot is created.
 
@@ -702,6 +703,10 @@ pub(crate) struct SnapshotProgress {
     /// The text of the last key copied, one entry per key column (`None`:
     /// from the first row).
     pub cursor: Option<Vec<String>>,
+    /// The names of the key columns `cursor` holds values of (`None`: not
+    /// known, as for a backfill asked to start from given values, until its
+    /// first chunk).
+    pub key: Option<Vec<String>>,
     /// Rows copied so far.
     pub rows: u64,
     /// Chunks copied so far.
@@ -725,6 +730,7 @@ impl SnapshotProgress {
             table: table.to_owned(),
             state: TableState::Pending,
             cursor,
+            key: None,
             rows: 0,
             chunks: 0,
             error: None,
@@ -806,6 +812,7 @@ impl StoredShape {
 #[serde(default)]
 struct ProgressDetail {
     cursor: Option<Vec<String>>,
+    key: Option<Vec<String>>,
     chunks: u64,
     error: Option<String>,
     started_at: i64,
@@ -843,6 +850,7 @@ impl Store {
                 table: table_name.to_owned(),
                 state,
                 cursor: detail.cursor,
+                key: detail.key,
                 rows,
                 chunks: detail.chunks,
                 error: detail.error,
@@ -900,6 +908,7 @@ impl Store {
         for p in progress {
             let detail = rmp_serde::to_vec_named(&ProgressDetail {
                 cursor: p.cursor.clone(),
+                key: p.key.clone(),
                 chunks: p.chunks,
                 error: p.error.clone(),
                 started_at: p.started_at,

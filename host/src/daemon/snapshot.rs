@@ -986,6 +986,28 @@ async fn read_one(
     after: &SnapshotProgress,
     limit: usize,
 ) -> Result<Option<SnapshotProgress>, SourceError> {
+    let key: Vec<String> = table
+        .key
+        .iter()
+        .filter_map(|i| table.relation.columns.get(*i))
+        .map(|c| c.name.clone())
+        .collect();
+    if let (Some(_), Some(was)) = (&after.cursor, &after.key)
+        && *was != key
+    {
+        // The cursor holds values of other columns: read as values of the
+        // new key, it would skip rows (or copy some again) without a word.
+        return Err(SourceError::Requirement {
+            problem: format!(
+                "the key of {} changed during its copy, from ({}) to ({}): the copy cannot \
+                 go on from its stored position",
+                table.name,
+                was.join(", "),
+                key.join(", ")
+            ),
+            fix: format!("backfill {} again from the start", table.name),
+        });
+    }
     connection.emit_watermark(low).await?;
     let rows = match reader::read_chunk(connection.client(), table, after.cursor.as_deref(), limit)
         .await
@@ -1012,6 +1034,7 @@ async fn read_one(
     next.error = None;
     if rows.last_key.is_some() {
         next.cursor = rows.last_key;
+        next.key = Some(key);
     }
     next.state = if read < limit as u64 {
         TableState::Done

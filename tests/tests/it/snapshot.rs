@@ -1531,6 +1531,48 @@ async fn a_table_dropped_or_truncated_during_its_copy() {
     wait_equal(&src, &dst, "SELECT * FROM truncated ORDER BY id", &host, 30).await;
 }
 
+/// A table whose primary key moved to other columns of the same types
+/// during its copy: the copy went on from its cursor, whose values were
+/// then read as the new key's, and silently skipped rows (the table ended
+/// `done` without them). It fails now, naming the change and the backfill
+/// to run; that backfill copies the table whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_moved_to_other_columns_during_a_copy_fails_the_table_instead_of_skipping_rows() {
+    let pg = cluster();
+    let (src, dst) = two_databases(&pg).await;
+    for db in [&src, &dst] {
+        db.batch_execute("CREATE TABLE t (a int PRIMARY KEY, b int NOT NULL UNIQUE, v text)")
+            .await
+            .expect("schema");
+    }
+    src.batch_execute(
+        "INSERT INTO t SELECT g, 20001 - g, 'v' || g FROM generate_series(1, 20000) g",
+    )
+    .await
+    .expect("rows");
+    let (host, port, _dir) = start(
+        &pg,
+        "snapshot-key-moved",
+        &["public.t"],
+        "[pipeline.snapshot]\nchunk_size = 200\nmax_rows_per_second = 2000\n",
+    );
+    wait_copying(port, &host, &["public.t"]).await;
+    src.batch_execute("ALTER TABLE t DROP CONSTRAINT t_pkey, ADD PRIMARY KEY (b)")
+        .await
+        .expect("move the key");
+    let failed = wait_failed(port, &host, "public.t").await;
+    let error = failed["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("key of public.t changed during its copy, from (a) to (b)")
+            && error.contains("backfill"),
+        "the error says what happened and what to do: {error}"
+    );
+    let (code, body) = post_backfill(port, serde_json::json!({"tables": ["t"]})).await;
+    assert_eq!(code, 202, "{body}");
+    wait_done(port, &host, &["public.t"], 60).await;
+    wait_equal(&src, &dst, "SELECT * FROM t ORDER BY a", &host, 30).await;
+}
+
 /// A role that loses SELECT on a table during its copy: the table fails
 /// with the GRANT to run, the pipeline goes on; once granted again, a
 /// backfill finishes the copy and the sink equals the source.
