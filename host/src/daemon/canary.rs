@@ -389,7 +389,7 @@ pub(crate) fn start(
     options: Options,
 ) -> Result<Json, SwapError> {
     let active_version = chain
-        .slots()
+        .info()
         .iter()
         .find(|s| s.name == candidate.transform)
         .map(|s| s.version)
@@ -928,7 +928,7 @@ impl Worker {
 
     fn active_version_label(&self) -> String {
         self.chain
-            .slots()
+            .info()
             .iter()
             .find(|s| s.name == self.candidate.transform)
             .map_or_else(|| "?".into(), |s| s.version.to_string())

@@ -430,7 +430,9 @@ pub(crate) fn decode_output(
     input: &[Item],
     source: &Batch,
 ) -> Result<Vec<Item>, TransformError> {
-    let most = most_changes(input.len());
+    // Bounded by the source batch, not this module's input: along a chain
+    // each module could otherwise make 16 times what the previous one did.
+    let most = most_changes(source.changes.len());
     let outputs = match decode_envelope(bytes, most) {
         Err(why) => {
             return Err(TransformError::InvalidOutput(format!(
@@ -492,16 +494,18 @@ pub(crate) fn decode_output(
 }
 
 /// How many times over a module's answer may keep its input's changes,
-/// and hold changes in all (unless that is under `MIN_MOST_CHANGES`).
+/// and hold changes in all for each change of the source batch (unless
+/// that is under `MIN_MOST_CHANGES`).
 const MAX_KEPT_PER_INPUT: usize = 16;
 
 /// How many changes any answer may hold (a module that turns one row into
 /// many has room), whatever the size of its batch.
 pub(crate) const MIN_MOST_CHANGES: usize = 65_536;
 
-/// How many changes an answer to a batch of `input` changes may hold.
-fn most_changes(input: usize) -> usize {
-    input
+/// How many changes an answer may hold, any module of the chain, for a
+/// source batch of `source` changes.
+fn most_changes(source: usize) -> usize {
+    source
         .saturating_mul(MAX_KEPT_PER_INPUT)
         .max(MIN_MOST_CHANGES)
 }
@@ -1131,14 +1135,24 @@ mod tests {
         other.extend(b"\xa5error\xc0");
         let err = decode_output(other, &input, &batch).expect_err("too many");
         assert!(err.to_string().contains("more than 65536 changes"), "{err}");
-        // A big batch may make as many as it keeps.
-        let big: Vec<Item> = (0..5_000).map(|i| Item::Source(i % 3)).collect();
+        // The bound follows the source batch, not the module's input: a
+        // second module of a chain, given the first one's 65,536 changes,
+        // may not make 16 times as many.
+        let big: Vec<Item> = (0..MIN_MOST_CHANGES).map(|i| Item::Source(i % 3)).collect();
+        let many = wire::to_msgpack(&making(MIN_MOST_CHANGES + 1)).expect("encode");
+        let err = decode_output(many, &big, &batch).expect_err("chained");
+        assert!(err.to_string().contains("more than 65536 changes"), "{err}");
+        // A big source batch may make 16 per change.
+        let mut source = batch.clone();
+        source.changes = (0..5_000)
+            .map(|i| source.changes[i % batch.changes.len()].clone())
+            .collect();
         let out = decode_output(
             wire::to_msgpack(&making(70_000)).expect("encode"),
-            &big,
-            &batch,
+            &input,
+            &source,
         )
-        .expect("16 per input change");
+        .expect("16 per source change");
         assert_eq!(out.len(), 70_000);
     }
 

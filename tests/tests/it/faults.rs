@@ -982,17 +982,17 @@ async fn sigterm_with_the_target_table_locked_exits_within_drain_timeout_and_can
     assert!(log.contains("drain_timeout"), "{log}");
     // The given-up write does not stay queued for the lock after the host
     // left (the server does not notice a client gone while it waits): it
-    // was cancelled.
+    // was cancelled. (Asked outside the locking transaction, whose
+    // snapshot of pg_stat_activity would not change.)
     let waiting = async || -> i64 {
-        locker
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity \
+        dst.query_one(
+            "SELECT count(*) FROM pg_stat_activity \
                  WHERE datname = 'dst' AND wait_event_type = 'Lock'",
-                &[],
-            )
-            .await
-            .expect("pg_stat_activity")
-            .get(0)
+            &[],
+        )
+        .await
+        .expect("pg_stat_activity")
+        .get(0)
     };
     let deadline = Instant::now() + Duration::from_secs(5);
     while waiting().await != 0 {

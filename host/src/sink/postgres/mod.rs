@@ -359,8 +359,9 @@ impl Sink for PostgresSink {
     }
 }
 
-/// How long asking the target to cancel a given-up write may take.
-const CANCEL_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long asking the target to cancel a given-up write may take (the
+/// drain deadline has passed: the host is on its way out).
+const CANCEL_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A failed batch, and whether the connection is gone with it.
 struct Failure {
