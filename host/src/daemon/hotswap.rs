@@ -625,6 +625,29 @@ fn no_transform(pipeline: &str, name: &str) -> SwapError {
     ))
 }
 
+/// A transform `m` (key `p/m`) of `version` whose module, written in the
+/// text format, answers `body` (an `i64`) to every batch, for tests.
+#[cfg(test)]
+pub(crate) fn test_slot(engine: &Engine, version: u64, body: &str) -> Slot {
+    let wat = format!(
+        r#"(module
+  (memory (export "memory") 1)
+  (func (export "datum_abi_v1"))
+  (func (export "datum_alloc") (param i32) (result i32) (i32.const 4096))
+  (func (export "datum_dealloc") (param i32 i32))
+  (func (export "datum_transform") (param i32 i32) (result i64) {body}))"#
+    );
+    Slot {
+        name: "m".into(),
+        key: "p/m".into(),
+        module: Module::new(engine, "m", wat.as_bytes(), Limits::default(), vec![])
+            .expect("module"),
+        version,
+        config: String::new(),
+        limits: Limits::default(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -640,31 +663,9 @@ mod tests {
         let engine =
             crate::transform::Engine::new(crate::transform::engine::EngineOptions::default())
                 .expect("engine");
-        let module = |body: &str| {
-            let wat = format!(
-                r#"(module
-  (memory (export "memory") 1)
-  (func (export "datum_abi_v1"))
-  (func (export "datum_alloc") (param i32) (result i32) (i32.const 4096))
-  (func (export "datum_dealloc") (param i32 i32))
-  (func (export "datum_transform") (param i32 i32) (result i64) {body}))"#
-            );
-            Module::new(&engine, "m", wat.as_bytes(), Limits::default(), vec![]).expect("module")
-        };
-        let slot = Slot {
-            name: "m".into(),
-            key: "p/m".into(),
-            module: module("(i64.const 0)"),
-            version: 1,
-            config: String::new(),
-            limits: Limits::default(),
-        };
+        let slot = test_slot(&engine, 1, "(i64.const 0)");
         let old_sha = slot.module.sha256().to_owned();
-        let new = Slot {
-            module: module("(i64.const 1) (drop) (i64.const 0)"),
-            version: 2,
-            ..slot.clone()
-        };
+        let new = test_slot(&engine, 2, "(i64.const 1) (drop) (i64.const 0)");
         let new_sha = new.module.sha256().to_owned();
         let active = ActiveChain::new(vec![slot], Lsn(16));
         let _ = active.attach(Lsn(32));

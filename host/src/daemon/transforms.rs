@@ -552,23 +552,7 @@ mod tests {
         let engine =
             crate::transform::Engine::new(crate::transform::engine::EngineOptions::default())
                 .expect("engine");
-        let wat = r#"(module
-  (memory (export "memory") 1)
-  (func (export "datum_abi_v1"))
-  (func (export "datum_alloc") (param i32) (result i32) (i32.const 4096))
-  (func (export "datum_dealloc") (param i32 i32))
-  (func (export "datum_transform") (param i32 i32) (result i64) (i64.const 0)))"#;
-        let limits = crate::transform::Limits::default();
-        let module = crate::transform::Module::new(&engine, "m", wat.as_bytes(), limits, vec![])
-            .expect("module");
-        let slot = crate::daemon::hotswap::Slot {
-            name: "m".into(),
-            key: "p/m".into(),
-            module,
-            version: 1,
-            config: String::new(),
-            limits,
-        };
+        let slot = crate::daemon::hotswap::test_slot(&engine, 1, "(i64.const 0)");
         let active = ActiveChain::new(vec![slot.clone()], Lsn(16));
         let _ = active.attach(Lsn(32));
         let runtime = tokio::runtime::Builder::new_current_thread()
