@@ -73,14 +73,18 @@ pub(crate) fn value_of(bytes: &[u8]) -> Option<Value> {
 }
 
 /// A result envelope with `changes` as its only key, each element a kept
-/// index (as an unsigned integer of at most 32 bits) or a change.
-pub(crate) fn changes_envelope(shared: &Shared) -> Option<Vec<Output>> {
+/// index (as an unsigned integer of at most 32 bits) or a change; at most
+/// `most` of them.
+pub(crate) fn changes_envelope(shared: &Shared, most: usize) -> Option<Vec<Output>> {
     let bytes = shared.as_slice();
     let mut r = Reader::new(bytes);
     if r.map_len().ok()? != 1 || str(&mut r)? != "changes" {
         return None;
     }
     let len = r.array_len().ok()?;
+    if len > most {
+        return None;
+    }
     let mut outputs = Vec::with_capacity(len.min(bytes.len()));
     let mut shapes = Shapes::default();
     for _ in 0..len {
@@ -456,7 +460,7 @@ pub(crate) mod tests {
 
     /// [`super::changes_envelope`] on a buffer of its own.
     fn changes_envelope(bytes: &[u8]) -> Option<Vec<Output>> {
-        super::changes_envelope(&Shared::new(bytes.to_vec()))
+        super::changes_envelope(&Shared::new(bytes.to_vec()), usize::MAX)
     }
 
     /// Every kind of value; `big` adds the ones with 32-bit lengths.

@@ -454,8 +454,18 @@ pub fn encode_change_into(
 /// bytes come back for that. The changes' rows keep `bytes` and decode
 /// their values when first read.
 pub fn decode_changes_envelope(bytes: Vec<u8>) -> Result<Vec<Output>, Vec<u8>> {
+    decode_changes_envelope_at_most(bytes, usize::MAX)
+}
+
+/// [`decode_changes_envelope`], but `None` too, before anything is decoded,
+/// for an envelope of more than `most` elements (a host bounds what a
+/// module's answer may cost it this way).
+pub fn decode_changes_envelope_at_most(
+    bytes: Vec<u8>,
+    most: usize,
+) -> Result<Vec<Output>, Vec<u8>> {
     let shared = std::sync::Arc::new(bytes);
-    match crate::read::changes_envelope(&shared) {
+    match crate::read::changes_envelope(&shared, most) {
         Some(outputs) => Ok(outputs),
         // The rows read before the reader gave up are gone: the buffer is
         // no longer shared, and comes back without a copy.

@@ -255,14 +255,9 @@ pub(crate) fn decode_envelope(bytes: Vec<u8>, most: usize) -> Result<Answer, Str
     // (rows keep the bytes, and values decode when read); anything else
     // (errors, and more than `most` changes, included) goes the strict way
     // below, which says what is wrong.
-    let declared = declared_changes(&bytes);
-    let bytes = if declared.is_some_and(|n| n <= most) {
-        match wire::decode_changes_envelope(bytes) {
-            Ok(changes) => return Ok(Answer::Changes(changes)),
-            Err(bytes) => bytes,
-        }
-    } else {
-        bytes
+    let bytes = match wire::decode_changes_envelope_at_most(bytes, most) {
+        Ok(changes) => return Ok(Answer::Changes(changes)),
+        Err(bytes) => bytes,
     };
     let bytes = bytes.as_slice();
     let mut reader = std::io::Cursor::new(bytes);
@@ -296,21 +291,6 @@ pub(crate) fn decode_envelope(bytes: Vec<u8>, most: usize) -> Result<Answer, Str
             error: None,
         } => Ok(Answer::Neither),
     }
-}
-
-/// How many changes an envelope of the usual shape (`{"changes": [...]}`)
-/// says it holds, read from its first bytes.
-fn declared_changes(bytes: &[u8]) -> Option<usize> {
-    let mut r = bytes;
-    if rmp::decode::read_map_len(&mut r).ok()? != 1 {
-        return None;
-    }
-    let key_len = rmp::decode::read_str_len(&mut r).ok()? as usize;
-    if r.get(..key_len)? != b"changes" {
-        return None;
-    }
-    let r = &mut &r[key_len..];
-    rmp::decode::read_array_len(r).ok().map(|n| n as usize)
 }
 
 struct RawEnvelope {

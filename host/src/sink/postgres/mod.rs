@@ -113,10 +113,17 @@ impl PostgresSink {
         self
     }
 
-    async fn reconnect(&mut self) -> Result<(), SinkError> {
-        self.client = None;
+    /// Leaves the target session, with what was kept for it: its prepared
+    /// statements, and the keys looked up (a person may fix the target
+    /// before the next one).
+    fn leave_session(&mut self) -> Option<Client> {
         self.statements.clear();
         self.primary_keys.clear();
+        self.client.take()
+    }
+
+    async fn reconnect(&mut self) -> Result<(), SinkError> {
+        self.leave_session();
         let client = crate::pg::connect(&self.info).await.map_err(|e| {
             let message = format!(
                 "connecting to the target database {}: {e}; check that the server is up and \
@@ -348,11 +355,9 @@ impl Sink for PostgresSink {
     /// (its transaction then rolls back), and leaves that session: the
     /// next write connects afresh.
     async fn abandon(&mut self) {
-        let Some(client) = self.client.take() else {
+        let Some(client) = self.leave_session() else {
             return;
         };
-        self.statements.clear();
-        self.primary_keys.clear();
         if !client.is_closed() {
             crate::pg::cancel(&self.info, &client, CANCEL_WITHIN).await;
         }
