@@ -4,7 +4,8 @@
 //! Owns one wasmtime engine per host (cranelift, pooling allocator, epoch
 //! interruption, optional fuel), compiling and pre-linking modules
 //! ([`engine`], `module`; in a child process of the `datum` binary:
-//! `compiler`), the sandbox they run in (`sandbox`), the
+//! `compiler`), the sandbox they run in (`sandbox`, and WASI preview 1 as it
+//! grants nothing: `wasi`), the
 //! encoding of batches and decoding of results ([`encode`]), and chains of
 //! modules ([`chain`]).
 //!
@@ -27,6 +28,7 @@ pub(crate) mod encode;
 pub(crate) mod engine;
 pub(crate) mod module;
 mod sandbox;
+mod wasi;
 
 use std::time::Duration;
 

@@ -23,19 +23,23 @@ use wasmtime::{
     ExternType, InstancePre, Linker, Memory, Store, StoreLimits, StoreLimitsBuilder, TypedFunc,
     UpdateDeadline, ValType, WasmParams, WasmResults,
 };
-use wasmtime_wasi::p1::WasiP1Ctx;
 
 use super::engine::{EPOCH_TICK, Engine};
-use super::sandbox::{
-    CallEnv, Capture, block_on_until, escape_for_log, replace_waiting_and_trapping_calls, wasi_ctx,
-};
+use super::sandbox::{CallEnv, Capture, block_on_until, escape_for_log};
+use super::wasi::{Wasi, WasiView};
 use super::{Limits, TransformError};
 
 pub(crate) struct Ctx {
-    wasi: WasiP1Ctx,
+    wasi: Wasi,
     limits: StoreLimits,
     /// When the running call must have returned, on the wall clock.
     deadline: Instant,
+}
+
+impl WasiView for Ctx {
+    fn wasi(&mut self) -> &mut Wasi {
+        &mut self.wasi
+    }
 }
 
 /// A loaded module. Cheap to clone.
@@ -141,8 +145,7 @@ impl Module {
         let exports = check_exports(&module)?;
 
         let mut linker: Linker<Ctx> = Linker::new(&engine.inner);
-        wasmtime_wasi::p1::add_to_linker_async(&mut linker, |ctx: &mut Ctx| &mut ctx.wasi)
-            .and_then(|()| replace_waiting_and_trapping_calls(&mut linker))
+        super::wasi::add_to_linker(&mut linker)
             .map_err(|e| TransformError::Invalid(format!("linking WASI: {e:#}")))?;
         extend(&mut linker).map_err(|e| TransformError::Invalid(format!("linking: {e:#}")))?;
         let pre = linker.instantiate_pre(&module).map_err(|e| {
@@ -507,7 +510,7 @@ impl Instance {
         let stdout = Capture::new(inner.limits.max_log);
         let stderr = Capture::new(inner.limits.max_log);
         let ctx = Ctx {
-            wasi: wasi_ctx(&env, &stdout, &stderr),
+            wasi: Wasi::new(&env, &stdout, &stderr),
             limits: StoreLimitsBuilder::new()
                 .memory_size(inner.limits.memory)
                 .instances(1)

@@ -832,3 +832,372 @@ fn clocks_outside_what_wasi_represents_read_its_nearest_time() {
         }
     }
 }
+
+/// Every function of WASI preview 1 but the four [`PROBE_IMPORTS`] and
+/// [`POLL_IMPORT`] declare, with its signature: a module may import any of
+/// them.
+const PREVIEW1_IMPORTS: &[(&str, &str)] = &[
+    ("args_get", "(param i32 i32) (result i32)"),
+    ("args_sizes_get", "(param i32 i32) (result i32)"),
+    ("environ_get", "(param i32 i32) (result i32)"),
+    ("environ_sizes_get", "(param i32 i32) (result i32)"),
+    ("clock_res_get", "(param i32 i32) (result i32)"),
+    ("fd_advise", "(param i32 i64 i64 i32) (result i32)"),
+    ("fd_allocate", "(param i32 i64 i64) (result i32)"),
+    ("fd_close", "(param i32) (result i32)"),
+    ("fd_datasync", "(param i32) (result i32)"),
+    ("fd_fdstat_get", "(param i32 i32) (result i32)"),
+    ("fd_fdstat_set_flags", "(param i32 i32) (result i32)"),
+    ("fd_fdstat_set_rights", "(param i32 i64 i64) (result i32)"),
+    ("fd_filestat_get", "(param i32 i32) (result i32)"),
+    ("fd_filestat_set_size", "(param i32 i64) (result i32)"),
+    (
+        "fd_filestat_set_times",
+        "(param i32 i64 i64 i32) (result i32)",
+    ),
+    ("fd_pread", "(param i32 i32 i32 i64 i32) (result i32)"),
+    ("fd_prestat_get", "(param i32 i32) (result i32)"),
+    ("fd_prestat_dir_name", "(param i32 i32 i32) (result i32)"),
+    ("fd_pwrite", "(param i32 i32 i32 i64 i32) (result i32)"),
+    ("fd_read", "(param i32 i32 i32 i32) (result i32)"),
+    ("fd_readdir", "(param i32 i32 i32 i64 i32) (result i32)"),
+    ("fd_renumber", "(param i32 i32) (result i32)"),
+    ("fd_seek", "(param i32 i64 i32 i32) (result i32)"),
+    ("fd_sync", "(param i32) (result i32)"),
+    ("fd_tell", "(param i32 i32) (result i32)"),
+    ("path_create_directory", "(param i32 i32 i32) (result i32)"),
+    (
+        "path_filestat_get",
+        "(param i32 i32 i32 i32 i32) (result i32)",
+    ),
+    (
+        "path_filestat_set_times",
+        "(param i32 i32 i32 i32 i64 i64 i32) (result i32)",
+    ),
+    (
+        "path_link",
+        "(param i32 i32 i32 i32 i32 i32 i32) (result i32)",
+    ),
+    (
+        "path_open",
+        "(param i32 i32 i32 i32 i32 i64 i64 i32 i32) (result i32)",
+    ),
+    (
+        "path_readlink",
+        "(param i32 i32 i32 i32 i32 i32) (result i32)",
+    ),
+    ("path_remove_directory", "(param i32 i32 i32) (result i32)"),
+    (
+        "path_rename",
+        "(param i32 i32 i32 i32 i32 i32) (result i32)",
+    ),
+    ("path_symlink", "(param i32 i32 i32 i32 i32) (result i32)"),
+    ("path_unlink_file", "(param i32 i32 i32) (result i32)"),
+    ("proc_exit", "(param i32)"),
+    ("proc_raise", "(param i32) (result i32)"),
+    ("sched_yield", "(result i32)"),
+    ("sock_accept", "(param i32 i32 i32) (result i32)"),
+    ("sock_recv", "(param i32 i32 i32 i32 i32 i32) (result i32)"),
+    ("sock_send", "(param i32 i32 i32 i32 i32) (result i32)"),
+    ("sock_shutdown", "(param i32 i32) (result i32)"),
+];
+
+fn preview1_imports() -> String {
+    let mut imports = POLL_IMPORT.to_owned();
+    for (name, signature) in PREVIEW1_IMPORTS {
+        imports.push_str(&format!(
+            "\n  (import \"wasi_snapshot_preview1\" \"{name}\" (func ${name} {signature}))"
+        ));
+    }
+    imports
+}
+
+#[test]
+fn every_preview1_function_links_and_answers_as_a_system_that_grants_nothing() {
+    assert_eq!(PREVIEW1_IMPORTS.len() + 4, 46, "preview 1 has 46 functions");
+    // (expression, the i32 it must give), in order: a check may depend on
+    // the ones before it (closing and renumbering descriptors). Memory:
+    // an iovec at 600 naming 10 bytes at 700; outputs at 512, 516, 520 and
+    // 1024 (8-aligned).
+    let checks: &[(&str, i32)] = &[
+        (
+            "(i32.store (i32.const 512) (i32.const -1)) (i32.store (i32.const 516) (i32.const -1)) \
+          (call $args_sizes_get (i32.const 512) (i32.const 516))",
+            0,
+        ),
+        (
+            "(i32.or (i32.load (i32.const 512)) (i32.load (i32.const 516)))",
+            0,
+        ),
+        (
+            "(i32.store (i32.const 512) (i32.const -1)) (i32.store (i32.const 516) (i32.const -1)) \
+          (call $environ_sizes_get (i32.const 512) (i32.const 516))",
+            0,
+        ),
+        (
+            "(i32.or (i32.load (i32.const 512)) (i32.load (i32.const 516)))",
+            0,
+        ),
+        ("(call $args_get (i32.const 512) (i32.const 516))", 0),
+        ("(call $environ_get (i32.const 512) (i32.const 516))", 0),
+        // Nothing is preopened: the loop that looks for preopens ends at 3.
+        ("(call $fd_prestat_get (i32.const 3) (i32.const 512))", 8),
+        (
+            "(call $fd_prestat_dir_name (i32.const 3) (i32.const 512) (i32.const 4))",
+            8,
+        ),
+        // stdin is closed: end of file; it cannot be written.
+        (
+            "(i32.store (i32.const 600) (i32.const 700)) (i32.store (i32.const 604) (i32.const 10)) \
+          (i32.store (i32.const 520) (i32.const -1)) \
+          (call $fd_read (i32.const 0) (i32.const 600) (i32.const 1) (i32.const 520))",
+            0,
+        ),
+        ("(i32.load (i32.const 520))", 0),
+        (
+            "(call $fd_write (i32.const 0) (i32.const 600) (i32.const 1) (i32.const 520))",
+            8,
+        ),
+        (
+            "(call $fd_read (i32.const 1) (i32.const 600) (i32.const 1) (i32.const 520))",
+            8,
+        ),
+        (
+            "(call $fd_read (i32.const 7) (i32.const 600) (i32.const 1) (i32.const 520))",
+            8,
+        ),
+        // The standard descriptors are streams: no seeking, no offsets.
+        (
+            "(call $fd_seek (i32.const 1) (i64.const 0) (i32.const 0) (i32.const 1024))",
+            70,
+        ),
+        ("(call $fd_tell (i32.const 2) (i32.const 1024))", 70),
+        (
+            "(call $fd_pread (i32.const 0) (i32.const 600) (i32.const 1) (i64.const 0) (i32.const 520))",
+            70,
+        ),
+        (
+            "(call $fd_pwrite (i32.const 1) (i32.const 600) (i32.const 1) (i64.const 0) (i32.const 520))",
+            70,
+        ),
+        (
+            "(call $fd_seek (i32.const 3) (i64.const 0) (i32.const 0) (i32.const 1024))",
+            8,
+        ),
+        // stdout: not a terminal (filetype 0), may be written (rights bit 6).
+        (
+            "(i32.store8 (i32.const 1024) (i32.const 9)) \
+          (call $fd_fdstat_get (i32.const 1) (i32.const 1024))",
+            0,
+        ),
+        ("(i32.load8_u (i32.const 1024))", 0),
+        ("(i32.wrap_i64 (i64.load (i32.const 1032)))", 64),
+        ("(call $fd_fdstat_get (i32.const 0) (i32.const 1024))", 0),
+        ("(i32.wrap_i64 (i64.load (i32.const 1032)))", 2),
+        ("(call $fd_fdstat_get (i32.const 3) (i32.const 1024))", 8),
+        ("(call $fd_filestat_get (i32.const 2) (i32.const 1024))", 0),
+        ("(call $fd_filestat_get (i32.const 3) (i32.const 1024))", 8),
+        ("(call $fd_sync (i32.const 1))", 8),
+        ("(call $fd_datasync (i32.const 1))", 8),
+        (
+            "(call $fd_advise (i32.const 1) (i64.const 0) (i64.const 0) (i32.const 0))",
+            8,
+        ),
+        (
+            "(call $fd_allocate (i32.const 1) (i64.const 0) (i64.const 1))",
+            8,
+        ),
+        ("(call $fd_fdstat_set_flags (i32.const 1) (i32.const 0))", 8),
+        (
+            "(call $fd_fdstat_set_rights (i32.const 1) (i64.const 0) (i64.const 0))",
+            8,
+        ),
+        (
+            "(call $fd_filestat_set_size (i32.const 1) (i64.const 0))",
+            8,
+        ),
+        (
+            "(call $fd_filestat_set_times (i32.const 1) (i64.const 0) (i64.const 0) (i32.const 0))",
+            8,
+        ),
+        (
+            "(call $fd_readdir (i32.const 3) (i32.const 512) (i32.const 8) (i64.const 0) (i32.const 520))",
+            8,
+        ),
+        // No directory: every path call is EBADF.
+        (
+            "(call $path_create_directory (i32.const 3) (i32.const 700) (i32.const 1))",
+            8,
+        ),
+        (
+            "(call $path_filestat_get (i32.const 3) (i32.const 0) (i32.const 700) (i32.const 1) (i32.const 1024))",
+            8,
+        ),
+        (
+            "(call $path_filestat_set_times (i32.const 3) (i32.const 0) (i32.const 700) (i32.const 1) \
+          (i64.const 0) (i64.const 0) (i32.const 0))",
+            8,
+        ),
+        (
+            "(call $path_link (i32.const 3) (i32.const 0) (i32.const 700) (i32.const 1) (i32.const 3) \
+          (i32.const 700) (i32.const 1))",
+            8,
+        ),
+        (
+            "(call $path_open (i32.const 3) (i32.const 0) (i32.const 700) (i32.const 1) (i32.const 0) \
+          (i64.const 0) (i64.const 0) (i32.const 0) (i32.const 520))",
+            8,
+        ),
+        (
+            "(call $path_readlink (i32.const 3) (i32.const 700) (i32.const 1) (i32.const 512) (i32.const 4) \
+          (i32.const 520))",
+            8,
+        ),
+        (
+            "(call $path_remove_directory (i32.const 3) (i32.const 700) (i32.const 1))",
+            8,
+        ),
+        (
+            "(call $path_rename (i32.const 3) (i32.const 700) (i32.const 1) (i32.const 3) (i32.const 700) \
+          (i32.const 1))",
+            8,
+        ),
+        (
+            "(call $path_symlink (i32.const 700) (i32.const 1) (i32.const 3) (i32.const 700) (i32.const 1))",
+            8,
+        ),
+        (
+            "(call $path_unlink_file (i32.const 3) (i32.const 700) (i32.const 1))",
+            8,
+        ),
+        // No socket: ENOTSOCK on a descriptor that exists, EBADF otherwise.
+        (
+            "(call $sock_accept (i32.const 1) (i32.const 0) (i32.const 520))",
+            57,
+        ),
+        (
+            "(call $sock_accept (i32.const 3) (i32.const 0) (i32.const 520))",
+            8,
+        ),
+        (
+            "(call $sock_recv (i32.const 0) (i32.const 600) (i32.const 1) (i32.const 0) (i32.const 520) \
+          (i32.const 524))",
+            57,
+        ),
+        (
+            "(call $sock_send (i32.const 1) (i32.const 600) (i32.const 1) (i32.const 0) (i32.const 520))",
+            57,
+        ),
+        ("(call $sock_shutdown (i32.const 2) (i32.const 0))", 57),
+        // Clocks: the batch's, in microseconds; no CPU clocks.
+        ("(call $clock_res_get (i32.const 1) (i32.const 1024))", 0),
+        ("(i32.wrap_i64 (i64.load (i32.const 1024)))", 1000),
+        ("(call $clock_res_get (i32.const 2) (i32.const 1024))", 8),
+        (
+            "(call $clock (i32.const 3) (i64.const 1) (i32.const 1024))",
+            8,
+        ),
+        (
+            "(call $clock (i32.const 9) (i64.const 1) (i32.const 1024))",
+            28,
+        ),
+        ("(call $sched_yield)", 0),
+        ("(call $proc_raise (i32.const 9))", 58),
+        ("(call $random (i32.const 700) (i32.const 0))", 0),
+        // stderr renumbered to 1 (closing stdout): 1 writes to stderr, 2
+        // is gone.
+        ("(call $fd_renumber (i32.const 2) (i32.const 1))", 0),
+        (
+            "(i32.store (i32.const 520) (i32.const -1)) \
+          (call $fd_write (i32.const 1) (i32.const 600) (i32.const 1) (i32.const 520))",
+            0,
+        ),
+        ("(i32.load (i32.const 520))", 10),
+        (
+            "(call $fd_write (i32.const 2) (i32.const 600) (i32.const 1) (i32.const 520))",
+            8,
+        ),
+        ("(call $fd_renumber (i32.const 0) (i32.const 2))", 8),
+        // Closed: writing is EBADF from then on, and so is closing again.
+        ("(call $fd_close (i32.const 1))", 0),
+        (
+            "(call $fd_write (i32.const 1) (i32.const 600) (i32.const 1) (i32.const 520))",
+            8,
+        ),
+        ("(call $fd_close (i32.const 1))", 8),
+        ("(call $fd_close (i32.const 3))", 8),
+        ("(call $fd_renumber (i32.const 0) (i32.const 5))", 8),
+    ];
+    let mut body = String::new();
+    for (i, (expression, expected)) in checks.iter().enumerate() {
+        // The first check that fails answers its number and what it gave.
+        body.push_str(&format!(
+            "(local.set $len {expression}) \
+             (if (i32.ne (local.get $len) (i32.const {expected})) \
+               (then (return (call $answer (i32.or (i32.const {tag}) (i32.and (local.get $len) (i32.const 0xffff))))))) ",
+            tag = (i + 1) << 16
+        ));
+    }
+    body.push_str("(call $answer (i32.const 0))");
+    let answer = probe_within(&body, &preview1_imports(), Limits::default());
+    let failed = answer.map(|v| (v >> 16, v & 0xffff));
+    assert_eq!(
+        failed,
+        Ok((0, 0)),
+        "(number of the first check that failed, counted from 1, and what it gave)"
+    );
+}
+
+#[test]
+fn proc_exit_ends_the_call_as_a_trap_naming_the_status() {
+    let body = "(call $proc_exit (i32.const 3)) (unreachable)";
+    let err = probe_within(body, &preview1_imports(), Limits::default())
+        .expect_err("the call does not return");
+    assert!(err.starts_with("trap"), "{err}");
+    assert!(err.contains("status 3"), "{err}");
+}
+
+#[test]
+fn a_wasi_buffer_outside_memory_or_too_many_buffers_traps_the_call() {
+    let imports = preview1_imports();
+    for (body, what) in [
+        (
+            "(drop (call $fd_write (i32.const 1) (i32.const 0x7ffffff0) (i32.const 1) (i32.const 520))) \
+             (call $answer (i32.const 0))",
+            "a buffer list outside memory",
+        ),
+        (
+            "(i32.store (i32.const 600) (i32.const 0x7ffffff0)) (i32.store (i32.const 604) (i32.const 10)) \
+             (drop (call $fd_write (i32.const 2) (i32.const 600) (i32.const 1) (i32.const 520))) \
+             (call $answer (i32.const 0))",
+            "a buffer outside memory",
+        ),
+        (
+            "(drop (call $fd_write (i32.const 1) (i32.const 600) (i32.const 1025) (i32.const 520))) \
+             (call $answer (i32.const 0))",
+            "more than 1,024 buffers",
+        ),
+        (
+            "(drop (call $random (i32.const 0x1fff0) (i32.const 64))) (call $answer (i32.const 0))",
+            "random bytes past the end of memory",
+        ),
+        (
+            "(drop (call $args_sizes_get (i32.const 513) (i32.const 516))) (call $answer (i32.const 0))",
+            "a misaligned count",
+        ),
+    ] {
+        let err = probe_within(body, &imports, Limits::default())
+            .expect_err("the call traps instead of answering");
+        assert!(err.starts_with("trap"), "{what}: {err}");
+    }
+    // The instance after such a trap is discarded; the next batch runs.
+    let module = load(
+        &engine(),
+        &adversarial(
+            "(drop (call $random (i32.const 0x1fff0) (i32.const 64))) (i64.const 0)",
+            &format!("{imports}\n{PROBE_IMPORTS}"),
+        ),
+        Limits::default(),
+    );
+    assert_fails_then_recovers(&module, "trap");
+}
