@@ -140,6 +140,16 @@ impl ActiveChain {
             .collect()
     }
 
+    /// The version of transform `name` the transform thread runs (0 when
+    /// no transform has that name).
+    pub(crate) fn version_in_force(&self, name: &str) -> u64 {
+        self.lock()
+            .in_force
+            .iter()
+            .find(|s| s.name == name)
+            .map_or(0, |s| s.version)
+    }
+
     /// The modules in force, in order.
     pub fn modules(&self) -> Vec<Module> {
         self.lock().slots.iter().map(|s| s.module.clone()).collect()

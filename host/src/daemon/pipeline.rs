@@ -754,8 +754,8 @@ impl<S: Sink> Delivery<'_, S> {
                 },
             };
             let (transformed, ack) = match staged {
-                Staged::Failed(batch, error, ack) => {
-                    self.module_failed(batch, error, ack).await?;
+                Staged::Failed(batch, error, ack, version) => {
+                    self.module_failed(batch, error, ack, version).await?;
                     continue;
                 }
                 Staged::Ready(transformed, ack) => (transformed, ack),
@@ -995,6 +995,7 @@ impl<S: Sink> Delivery<'_, S> {
         batch: Batch,
         error: ChainError,
         ack: Ack,
+        version: u64,
     ) -> Result<(), PipelineError> {
         self.counters
             .module_failures
@@ -1013,7 +1014,7 @@ impl<S: Sink> Delivery<'_, S> {
             self.counters,
             self.chain,
             &batch,
-            Failure::Module(error),
+            Failure::Module(error, version),
         )
         .await?;
         if let Some(txn) = ack.acknowledges(&batch.txn) {
@@ -1161,12 +1162,10 @@ pub(crate) fn payload_message(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-/// The transform stage: a thread that runs the chain on each batch, and
-/// adopts a newly published module version between transactions.
 /// What went definitely wrong with a batch.
 enum Failure {
-    /// A module failed on it.
-    Module(ChainError),
+    /// A module failed on it: the error, and the version that failed.
+    Module(ChainError, u64),
     /// The sink refused it (and retrying will not help).
     Sink(SinkError),
 }
@@ -1174,7 +1173,7 @@ enum Failure {
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Failure::Module(e) => e.fmt(f),
+            Failure::Module(e, _) => e.fmt(f),
             Failure::Sink(e) => write!(f, "sink: {e}"),
         }
     }
@@ -1193,14 +1192,14 @@ async fn handle_failure(
     let name = &config.name;
     let commit_lsn = crate::event::Lsn(batch.txn.commit_lsn);
     let what = match error {
-        Failure::Module(_) => "module failed",
+        Failure::Module(..) => "module failed",
         Failure::Sink(_) => "sink refused the batch",
     };
     match config.on_error {
         OnError::Fail => {
             tracing::error!(pipeline = %name, xid = batch.txn.xid, commit_lsn = %commit_lsn, error = %error, "{what}; stopping the pipeline (on_error = \"fail\")");
             Err(match error {
-                Failure::Module(error) => PipelineError::Transform {
+                Failure::Module(error, _) => PipelineError::Transform {
                     xid: batch.txn.xid,
                     commit_lsn,
                     error,
@@ -1221,16 +1220,13 @@ async fn handle_failure(
                         detail: format!("encoding a dead letter: {e}"),
                     })
                 })?;
-            // The failing module's version; for a sink refusal, the version
-            // of the last module, whose output the sink refused (0 without
-            // modules, or outside the registry).
-            let info = chain.info();
+            // The failing module's version, as the transform thread ran it;
+            // for a sink refusal, the version of the last module, whose
+            // output the sink refused (0 without modules, or outside the
+            // registry).
             let version = match &error {
-                Failure::Module(e) => info
-                    .iter()
-                    .find(|s| s.name == e.module)
-                    .map_or(0, |s| s.version),
-                Failure::Sink(_) => info.last().map_or(0, |s| s.version),
+                Failure::Module(_, version) => *version,
+                Failure::Sink(_) => chain.info().last().map_or(0, |s| s.version),
             };
             let message = error.to_string();
             let (store, pipeline, stored) = (store.clone(), name.clone(), message.clone());

@@ -93,8 +93,10 @@ impl Ack {
 pub(crate) enum Staged {
     /// Through the chain.
     Ready(Transformed, Ack),
-    /// A module failed on it.
-    Failed(Batch, ChainError, Ack),
+    /// A module failed on it: the error, and the failing module's version
+    /// as this thread ran it (the sink stage, some batches behind, may see
+    /// a newer version in force by the time it handles the failure).
+    Failed(Batch, ChainError, Ack, u64),
 }
 
 /// Starts the transform thread: batches from `input`, results to `output`,
@@ -207,7 +209,10 @@ impl Stage {
                 },
                 ack,
             ),
-            Err(error) => Staged::Failed(batch, error, ack),
+            Err(error) => {
+                let version = self.active.version_in_force(&error.module);
+                Staged::Failed(batch, error, ack, version)
+            }
         };
         (staged, bytes)
     }

@@ -2149,3 +2149,130 @@ fn a_broken_config_line_does_not_echo_its_secret() {
     assert!(!stderr.contains(secret), "the secret was echoed: {stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A module fails on a batch while the sink is held up by a lock, and a new
+/// version is adopted before the sink stage reaches the failure: the dead
+/// letter names the version that failed, not the one in force by the time
+/// it was stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_names_the_version_that_failed_not_one_adopted_since() {
+    let pg = cluster();
+    let (src, dst) = crate::snapshot::two_databases(&pg).await;
+    for db in [&src, &dst] {
+        db.batch_execute("CREATE TABLE t (id int PRIMARY KEY)")
+            .await
+            .expect("schema");
+    }
+    let dir = temp_dir("admin-dead-letter-version");
+    let port = free_port();
+    // The panicker fails on id = 3.
+    let extra = format!(
+        "on_error = \"dead_letter\"\nsnapshot.mode = \"never\"\n\
+         [[pipeline.transforms]]\nmodule = {}\n",
+        toml_string(example_wasm_path("panicker").to_str().expect("utf-8"))
+    );
+    let config = crate::snapshot::config(
+        &pg.conninfo("src"),
+        &pg.conninfo("dst"),
+        &dir,
+        port,
+        &["public.t"],
+        &extra,
+    )
+    .replace(crate::snapshot::TOKEN, TOKEN);
+    let host = Host::start(&dir, &config);
+    let admin = Admin::new(port);
+    admin.wait_running(&host).await;
+    let (failing, _) = admin.active_version("panicker").await;
+    let count = async || -> i64 {
+        dst.query_one("SELECT count(*) FROM t", &[])
+            .await
+            .expect("count")
+            .get(0)
+    };
+    let wait_rows = async |rows: i64, host: &Host| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while count().await != rows {
+            assert!(Instant::now() < deadline, "{}", host.log());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    src.batch_execute("INSERT INTO t VALUES (1)")
+        .await
+        .expect("insert");
+    wait_rows(1, &host).await;
+
+    // The sink's next write waits for the lock; the transform thread goes
+    // on: row 2 passes, row 3 fails under the first version.
+    let locker = connect(&pg.conninfo("dst")).await;
+    locker
+        .batch_execute("BEGIN; LOCK TABLE t IN ACCESS EXCLUSIVE MODE")
+        .await
+        .expect("lock");
+    for id in [2, 3] {
+        src.batch_execute(&format!("INSERT INTO t VALUES ({id})"))
+            .await
+            .expect("insert");
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = admin
+            .client
+            .get(admin.url("/metrics"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics text");
+        let transformed = text
+            .lines()
+            .find(|l| l.starts_with("datum_transform_seconds_count{"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|n| n.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        if transformed >= 3.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{transformed} batches transformed:\n{}",
+            host.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A version that does not fail is adopted at once (the transform
+    // thread waits for input), long before the sink reaches row 3.
+    let (status, body) = admin
+        .upload(
+            "/v1/pipelines/p/modules/panicker/versions",
+            &example_wasm("identity"),
+            "",
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let adopted = body["version"].as_u64().expect("version");
+    assert!(adopted > failing, "{body}");
+
+    locker.batch_execute("ROLLBACK").await.expect("unlock");
+    wait_rows(2, &host).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let letter = loop {
+        let (status, body) = admin.get("/v1/pipelines/p/dead-letters").await;
+        assert_eq!(status, 200, "{body}");
+        if let Some(letter) = body["dead_letters"].as_array().and_then(|l| l.first()) {
+            break letter.clone();
+        }
+        assert!(Instant::now() < deadline, "no dead letter: {body}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        letter["module_version"].as_u64(),
+        Some(failing),
+        "the version that failed on row 3, not {adopted}: {letter}"
+    );
+    let (status, log) = host.stop(30);
+    assert!(status.success(), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
