@@ -74,7 +74,8 @@ impl std::fmt::Debug for Module {
 /// What a call needs to know about its batch.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CallMeta {
-    /// The batch's commit time, µs since the Unix epoch: every clock reads it.
+    /// The batch's commit time, µs since the Unix epoch: the realtime and
+    /// monotonic clocks read it.
     pub commit_time: i64,
     /// The batch's commit LSN: seeds randomness, tags log lines.
     pub commit_lsn: u64,

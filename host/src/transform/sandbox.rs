@@ -1,8 +1,8 @@
 //! What a module's world is made of: the batch's time and randomness,
 //! captured output, and a call driven to its end or to its deadline.
 //!
-//! Owns the per-call environment the WASI functions (`wasi`) read: every
-//! clock reads the batch's commit time and `random_get` draws from a
+//! Owns the per-call environment the WASI functions (`wasi`) read: the
+//! realtime and monotonic clocks read the batch's commit time and `random_get` draws from a
 //! generator reseeded for each batch, so the same input always gives the
 //! same output ([`CallEnv`]); stdout and stderr go to capped in-memory
 //! buffers drained after each call ([`Capture`]), and are escaped before
@@ -41,17 +41,18 @@ impl CallEnv {
     /// Fills `dst` from the batch's generator: SplitMix64 over the
     /// per-batch state, small, fast and reproducible.
     pub(crate) fn fill_random(&self, dst: &mut [u8]) {
+        // The state is read and written once per call, not per word: a
+        // call may fill the whole of a module's memory.
+        let mut state = self.rng_state.load(Ordering::Relaxed);
         for chunk in dst.chunks_mut(8) {
-            let state = self
-                .rng_state
-                .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
-                .wrapping_add(0x9E37_79B9_7F4A_7C15);
+            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
             let mut z = state;
             z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
             z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
             let bytes = (z ^ (z >> 31)).to_le_bytes();
             chunk.copy_from_slice(&bytes[..chunk.len()]);
         }
+        self.rng_state.store(state, Ordering::Relaxed);
     }
 }
 
@@ -82,7 +83,7 @@ impl Capture {
         let room = self.cap.saturating_sub(buffer.bytes.len());
         let take = room.min(bytes.len());
         buffer.bytes.extend_from_slice(&bytes[..take]);
-        buffer.dropped += bytes.len() - take;
+        buffer.dropped = buffer.dropped.saturating_add(bytes.len() - take);
     }
 
     /// Takes what was written since the last drain.

@@ -5,7 +5,8 @@
 //! stdin is closed (reading it is end of file), stdout and stderr write to
 //! the call's capped buffers ([`Capture`]). No directory is preopened, so
 //! every `path_*` call fails with `EBADF`; there is no socket, environment
-//! variable or argument; every clock reads the batch's commit time and
+//! variable or argument; the realtime and monotonic clocks read the batch's
+//! commit time and
 //! `random_get` the batch's generator ([`CallEnv`]); nothing waits.
 //! A call that needs what does not exist answers the errno a real system
 //! gives for it (`EBADF`, `ESPIPE`, `ENOTSOCK`, …); a pointer or length
@@ -49,6 +50,7 @@ const CLOCK_RESOLUTION_NS: u64 = 1_000;
 
 /// Most buffers one `fd_write` or `fd_read` names (`IOV_MAX` on Linux): a
 /// host function cannot be interrupted, so what it loops over is bounded.
+/// More is EINVAL.
 const IOV_MAX: u32 = 1024;
 
 // The layouts of `subscription` and `event` (`poll_oneoff`).
@@ -58,6 +60,10 @@ const EVENTTYPE_CLOCK: u8 = 0;
 const EVENTTYPE_FD_READ: u8 = 1;
 const EVENTTYPE_FD_WRITE: u8 = 2;
 const SUBCLOCKFLAGS_ABSTIME: u16 = 1;
+/// Most subscriptions one `poll_oneoff` takes; more is EINVAL. Its answers
+/// are gathered before they are written (subscriptions and events may
+/// share memory), so their number is bounded.
+const MAX_SUBSCRIPTIONS: usize = 4096;
 
 /// What a standard descriptor is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,24 +163,22 @@ impl Guest<'_> {
         self.put(ptr, &value.to_le_bytes(), 8, what)
     }
 
-    /// The buffers of an `iovec` array: (pointer, length) pairs.
-    fn iovecs(&self, iovs: i32, count: i32) -> wasmtime::Result<Vec<(i32, usize)>> {
+    /// The buffers of an `iovec` array: (pointer, length) pairs; `Err`
+    /// with EINVAL for more than [`IOV_MAX`] of them, as `writev` answers.
+    fn iovecs(&self, iovs: i32, count: i32) -> wasmtime::Result<Result<Vec<(i32, usize)>, i32>> {
         let count = count as u32;
         if count > IOV_MAX {
-            return Err(wasmtime::format_err!(
-                "{}: {count} buffers in one call, more than {IOV_MAX}",
-                self.func
-            ));
+            return Ok(Err(INVAL));
         }
         let range = self.range(iovs, count as usize * 8, 4, "the buffer list")?;
-        Ok(self.mem[range]
+        Ok(Ok(self.mem[range]
             .chunks_exact(8)
             .map(|iov| {
                 let ptr = i32::from_le_bytes([iov[0], iov[1], iov[2], iov[3]]);
                 let len = u32::from_le_bytes([iov[4], iov[5], iov[6], iov[7]]);
                 (ptr, len as usize)
             })
-            .collect())
+            .collect()))
     }
 }
 
@@ -291,7 +295,10 @@ fn add_descriptors<T: WasiView + 'static>(linker: &mut Linker<T>) -> wasmtime::R
         "fd_write",
         |mut c: Caller<'_, T>, fd: i32, iovs: i32, count: i32, out: i32| -> wasmtime::Result<i32> {
             let (mut mem, wasi) = guest(&mut c, "fd_write")?;
-            let buffers = mem.iovecs(iovs, count)?;
+            let buffers = match mem.iovecs(iovs, count)? {
+                Ok(buffers) => buffers,
+                Err(errno) => return Ok(errno),
+            };
             let capture = match wasi.fd(fd) {
                 Some(Stdio::Out) => &wasi.stdout,
                 Some(Stdio::Err) => &wasi.stderr,
@@ -317,7 +324,9 @@ fn add_descriptors<T: WasiView + 'static>(linker: &mut Linker<T>) -> wasmtime::R
         "fd_read",
         |mut c: Caller<'_, T>, fd: i32, iovs: i32, count: i32, out: i32| -> wasmtime::Result<i32> {
             let (mut mem, wasi) = guest(&mut c, "fd_read")?;
-            mem.iovecs(iovs, count)?;
+            if let Err(errno) = mem.iovecs(iovs, count)? {
+                return Ok(errno);
+            }
             match wasi.fd(fd) {
                 // stdin is closed: end of file.
                 Some(Stdio::In) => {
@@ -328,24 +337,28 @@ fn add_descriptors<T: WasiView + 'static>(linker: &mut Linker<T>) -> wasmtime::R
             }
         },
     )?;
-    linker.func_wrap(
-        MODULE,
-        "fd_pread",
-        |mut c: Caller<'_, T>, fd: i32, iovs: i32, count: i32, _: i64, _: i32| {
-            let (mem, wasi) = guest(&mut c, "fd_pread")?;
-            mem.iovecs(iovs, count)?;
-            Ok(wasi.answer(fd, |s| if s == Stdio::In { SPIPE } else { BADF }))
-        },
-    )?;
-    linker.func_wrap(
-        MODULE,
-        "fd_pwrite",
-        |mut c: Caller<'_, T>, fd: i32, iovs: i32, count: i32, _: i64, _: i32| {
-            let (mem, wasi) = guest(&mut c, "fd_pwrite")?;
-            mem.iovecs(iovs, count)?;
-            Ok(wasi.answer(fd, |s| if s == Stdio::In { BADF } else { SPIPE }))
-        },
-    )?;
+    // Reading or writing at an offset: ESPIPE on a stream that could be
+    // read or written at all (stdin for reads, stdout and stderr for
+    // writes), EBADF on the others.
+    for (name, readable) in [("fd_pread", true), ("fd_pwrite", false)] {
+        linker.func_wrap(
+            MODULE,
+            name,
+            move |mut c: Caller<'_, T>, fd: i32, iovs: i32, count: i32, _: i64, _: i32| {
+                let (mem, wasi) = guest(&mut c, name)?;
+                if let Err(errno) = mem.iovecs(iovs, count)? {
+                    return Ok(errno);
+                }
+                Ok(wasi.answer(fd, |s| {
+                    if (s == Stdio::In) == readable {
+                        SPIPE
+                    } else {
+                        BADF
+                    }
+                }))
+            },
+        )?;
+    }
     linker.func_wrap(
         MODULE,
         "fd_fdstat_get",
@@ -563,7 +576,8 @@ fn add_sockets<T: WasiView + 'static>(linker: &mut Linker<T>) -> wasmtime::Resul
 /// stdin (closed: end of file) and writing stdout or stderr (captured), so
 /// nothing ever waits. A descriptor that does not exist (or cannot be read
 /// or written that way) is EBADF, another clock EINVAL; so is
-/// `nsubscriptions == 0` (EINVAL), and a pointer outside memory a trap.
+/// `nsubscriptions` of 0 or over [`MAX_SUBSCRIPTIONS`] (EINVAL), and a
+/// pointer outside memory a trap.
 fn poll_oneoff<T: WasiView>(
     mut caller: Caller<'_, T>,
     subscriptions: i32,
@@ -573,7 +587,7 @@ fn poll_oneoff<T: WasiView>(
 ) -> wasmtime::Result<i32> {
     let (mem, wasi) = guest(&mut caller, "poll_oneoff")?;
     let count = count as u32 as usize;
-    if count == 0 {
+    if count == 0 || count > MAX_SUBSCRIPTIONS {
         return Ok(INVAL);
     }
     let subscriptions = mem.range(
