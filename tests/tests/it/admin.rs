@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use datum_tests::{cluster, connect, example_wasm, example_wasm_path, free_port};
 use serde_json::{Value as Json, json};
 
+use crate::faults::{lock_t, wait_rows_in_t};
 use crate::run::{Host, lines, temp_dir, toml_string, wait_for_slots};
 
 pub(crate) const TOKEN: &str = "test-admin-token-0123456789";
@@ -140,6 +141,25 @@ impl Admin {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Batches pipeline `p`'s modules have run, as `/metrics` counts them.
+    async fn batches_transformed(&self) -> f64 {
+        let text = self
+            .client
+            .get(self.url("/metrics"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics text");
+        text.lines()
+            .find(|l| l.starts_with("datum_transform_seconds_count{"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|n| n.parse::<f64>().ok())
+            .unwrap_or(0.0)
     }
 
     pub(crate) async fn active_version(&self, module: &str) -> (u64, String) {
@@ -2184,62 +2204,24 @@ async fn a_dead_letter_names_the_version_that_failed_not_one_adopted_since() {
     let admin = Admin::new(port);
     admin.wait_running(&host).await;
     let (failing, _) = admin.active_version("panicker").await;
-    let count = async || -> i64 {
-        dst.query_one("SELECT count(*) FROM t", &[])
-            .await
-            .expect("count")
-            .get(0)
-    };
-    let wait_rows = async |rows: i64, host: &Host| {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while count().await != rows {
-            assert!(Instant::now() < deadline, "{}", host.log());
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
     src.batch_execute("INSERT INTO t VALUES (1)")
         .await
         .expect("insert");
-    wait_rows(1, &host).await;
+    wait_rows_in_t(&dst, 1, &host).await;
+    let before = admin.batches_transformed().await;
 
     // The sink's next write waits for the lock; the transform thread goes
     // on: row 2 passes, row 3 fails under the first version.
-    let locker = connect(&pg.conninfo("dst")).await;
-    locker
-        .batch_execute("BEGIN; LOCK TABLE t IN ACCESS EXCLUSIVE MODE")
-        .await
-        .expect("lock");
+    let locker = lock_t(&pg.conninfo("dst")).await;
     for id in [2, 3] {
         src.batch_execute(&format!("INSERT INTO t VALUES ({id})"))
             .await
             .expect("insert");
     }
+    // Both have been through the chain: two batches more than before.
     let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let text = admin
-            .client
-            .get(admin.url("/metrics"))
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("metrics text");
-        let transformed = text
-            .lines()
-            .find(|l| l.starts_with("datum_transform_seconds_count{"))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|n| n.parse::<f64>().ok())
-            .unwrap_or(0.0);
-        if transformed >= 3.0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{transformed} batches transformed:\n{}",
-            host.log()
-        );
+    while admin.batches_transformed().await < before + 2.0 {
+        assert!(Instant::now() < deadline, "{}", host.log());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // A version that does not fail is adopted at once (the transform
@@ -2256,7 +2238,7 @@ async fn a_dead_letter_names_the_version_that_failed_not_one_adopted_since() {
     assert!(adopted > failing, "{body}");
 
     locker.batch_execute("ROLLBACK").await.expect("unlock");
-    wait_rows(2, &host).await;
+    wait_rows_in_t(&dst, 2, &host).await;
     let deadline = Instant::now() + Duration::from_secs(30);
     let letter = loop {
         let (status, body) = admin.get("/v1/pipelines/p/dead-letters").await;

@@ -918,6 +918,34 @@ async fn a_sink_refused_dead_letter_records_the_active_module_version() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Rows in table `t` of `db`.
+pub(crate) async fn rows_in_t(db: &tokio_postgres::Client) -> i64 {
+    db.query_one("SELECT count(*) FROM t", &[])
+        .await
+        .expect("count")
+        .get(0)
+}
+
+/// Waits (30 s at most) until table `t` of `db` holds `rows` rows.
+pub(crate) async fn wait_rows_in_t(db: &tokio_postgres::Client, rows: i64, host: &Host) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while rows_in_t(db).await != rows {
+        assert!(Instant::now() < deadline, "{}", host.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A session of its own holding table `t` of `conninfo` locked (ACCESS
+/// EXCLUSIVE) until it rolls back: a sink's writes to `t` wait.
+pub(crate) async fn lock_t(conninfo: &str) -> tokio_postgres::Client {
+    let locker = connect(conninfo).await;
+    locker
+        .batch_execute("BEGIN; LOCK TABLE t IN ACCESS EXCLUSIVE MODE")
+        .await
+        .expect("lock");
+    locker
+}
+
 /// A sink write that does not return (here: the target table locked by
 /// another session, so the postgres sink's statements wait for the lock)
 /// was not watched for shutdown: SIGTERM left the host waiting as long as
@@ -945,29 +973,12 @@ async fn sigterm_with_the_target_table_locked_exits_within_drain_timeout_and_can
     );
     let host = Host::start(&dir, &config);
     wait_for_slots(&src, &["datum_p"], &host).await;
-    let count = async |db: &tokio_postgres::Client| -> i64 {
-        db.query_one("SELECT count(*) FROM t", &[])
-            .await
-            .expect("count")
-            .get(0)
-    };
-    let wait_rows = async |rows: i64, host: &Host| {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while count(&dst).await != rows {
-            assert!(Instant::now() < deadline, "{}", host.log());
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
     src.batch_execute("INSERT INTO t VALUES (1)")
         .await
         .expect("insert");
-    wait_rows(1, &host).await;
+    wait_rows_in_t(&dst, 1, &host).await;
 
-    let locker = connect(&pg.conninfo("dst")).await;
-    locker
-        .batch_execute("BEGIN; LOCK TABLE t IN ACCESS EXCLUSIVE MODE")
-        .await
-        .expect("lock");
+    let locker = lock_t(&pg.conninfo("dst")).await;
     src.batch_execute("INSERT INTO t VALUES (2)")
         .await
         .expect("insert");
@@ -1003,10 +1014,10 @@ async fn sigterm_with_the_target_table_locked_exits_within_drain_timeout_and_can
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     locker.batch_execute("ROLLBACK").await.expect("unlock");
-    assert_eq!(count(&dst).await, 1, "{log}");
+    assert_eq!(rows_in_t(&dst).await, 1, "{log}");
 
     let host = Host::start(&dir, &config);
-    wait_rows(2, &host).await;
+    wait_rows_in_t(&dst, 2, &host).await;
     let (status, log) = host.stop(30);
     assert!(status.success(), "{log}");
     let _ = std::fs::remove_dir_all(&dir);
