@@ -204,6 +204,27 @@ fn now_nanos(env: &CallEnv) -> u64 {
         .saturating_mul(1_000)
 }
 
+/// Writes what `value` says of `clock` at `out`: the realtime and monotonic
+/// clocks are the batch's; the CPU-time clocks do not exist (EBADF); any
+/// other is EINVAL.
+fn read_clock<T: WasiView>(
+    caller: &mut Caller<'_, T>,
+    func: &'static str,
+    clock: i32,
+    out: i32,
+    value: impl FnOnce(&Wasi) -> u64,
+) -> wasmtime::Result<i32> {
+    match clock as u32 {
+        CLOCK_REALTIME | CLOCK_MONOTONIC => {
+            let (mut mem, wasi) = guest(caller, func)?;
+            mem.put_u64(out, value(wasi), "the clock's answer")?;
+            Ok(SUCCESS)
+        }
+        CLOCK_PROCESS_CPUTIME | CLOCK_THREAD_CPUTIME => Ok(BADF),
+        _ => Ok(INVAL),
+    }
+}
+
 /// Adds every function of preview 1 to `linker`.
 pub(crate) fn add_to_linker<T: WasiView + 'static>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
     add_process(linker)?;
@@ -236,31 +257,17 @@ fn add_process<T: WasiView + 'static>(linker: &mut Linker<T>) -> wasmtime::Resul
     linker.func_wrap(
         MODULE,
         "clock_res_get",
-        |mut c: Caller<'_, T>, clock: i32, out: i32| -> wasmtime::Result<i32> {
-            match clock as u32 {
-                CLOCK_REALTIME | CLOCK_MONOTONIC => {
-                    let (mut mem, _) = guest(&mut c, "clock_res_get")?;
-                    mem.put_u64(out, CLOCK_RESOLUTION_NS, "the resolution")?;
-                    Ok(SUCCESS)
-                }
-                CLOCK_PROCESS_CPUTIME | CLOCK_THREAD_CPUTIME => Ok(BADF),
-                _ => Ok(INVAL),
-            }
+        |mut c: Caller<'_, T>, clock: i32, out: i32| {
+            read_clock(&mut c, "clock_res_get", clock, out, |_| CLOCK_RESOLUTION_NS)
         },
     )?;
     linker.func_wrap(
         MODULE,
         "clock_time_get",
-        |mut c: Caller<'_, T>, clock: i32, _precision: i64, out: i32| -> wasmtime::Result<i32> {
-            match clock as u32 {
-                CLOCK_REALTIME | CLOCK_MONOTONIC => {
-                    let (mut mem, wasi) = guest(&mut c, "clock_time_get")?;
-                    mem.put_u64(out, now_nanos(&wasi.env), "the time")?;
-                    Ok(SUCCESS)
-                }
-                CLOCK_PROCESS_CPUTIME | CLOCK_THREAD_CPUTIME => Ok(BADF),
-                _ => Ok(INVAL),
-            }
+        |mut c: Caller<'_, T>, clock: i32, _precision: i64, out: i32| {
+            read_clock(&mut c, "clock_time_get", clock, out, |wasi| {
+                now_nanos(&wasi.env)
+            })
         },
     )?;
     linker.func_wrap(

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use datum_tests::{cluster, connect, example_wasm, example_wasm_path, free_port};
 use serde_json::{Value as Json, json};
 
-use crate::faults::{lock_t, wait_rows_in_t};
+use crate::faults::{lock_t, two_databases_with_t, wait_rows_in_t};
 use crate::run::{Host, lines, temp_dir, toml_string, wait_for_slots};
 
 pub(crate) const TOKEN: &str = "test-admin-token-0123456789";
@@ -2177,12 +2177,7 @@ fn a_broken_config_line_does_not_echo_its_secret() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_letter_names_the_version_that_failed_not_one_adopted_since() {
     let pg = cluster();
-    let (src, dst) = crate::snapshot::two_databases(&pg).await;
-    for db in [&src, &dst] {
-        db.batch_execute("CREATE TABLE t (id int PRIMARY KEY)")
-            .await
-            .expect("schema");
-    }
+    let (src, dst) = two_databases_with_t(&pg).await;
     let dir = temp_dir("admin-dead-letter-version");
     let port = free_port();
     // The panicker fails on id = 3.

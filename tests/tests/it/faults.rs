@@ -918,6 +918,20 @@ async fn a_sink_refused_dead_letter_records_the_active_module_version() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Databases `src` and `dst` of `pg`, each with an empty table `t (id int
+/// PRIMARY KEY)`: a source and a postgres sink's target.
+pub(crate) async fn two_databases_with_t(
+    pg: &datum_tests::Cluster,
+) -> (tokio_postgres::Client, tokio_postgres::Client) {
+    let (src, dst) = crate::snapshot::two_databases(pg).await;
+    for db in [&src, &dst] {
+        db.batch_execute("CREATE TABLE t (id int PRIMARY KEY)")
+            .await
+            .expect("schema");
+    }
+    (src, dst)
+}
+
 /// Rows in table `t` of `db`.
 pub(crate) async fn rows_in_t(db: &tokio_postgres::Client) -> i64 {
     db.query_one("SELECT count(*) FROM t", &[])
@@ -956,12 +970,7 @@ pub(crate) async fn lock_t(conninfo: &str) -> tokio_postgres::Client {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_with_the_target_table_locked_exits_within_drain_timeout_and_cancels_the_write() {
     let pg = cluster();
-    let (src, dst) = crate::snapshot::two_databases(&pg).await;
-    for db in [&src, &dst] {
-        db.batch_execute("CREATE TABLE t (id int PRIMARY KEY)")
-            .await
-            .expect("schema");
-    }
+    let (src, dst) = two_databases_with_t(&pg).await;
     let dir = temp_dir("drain-locked");
     let config = crate::snapshot::config(
         &pg.conninfo("src"),
