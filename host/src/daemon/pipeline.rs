@@ -902,8 +902,8 @@ impl<S: Sink> Delivery<'_, S> {
     /// Writes one batch, retrying a transient failure with back-off, and
     /// acknowledges it once it is written or `on_error` dealt with a
     /// refusal. `Ok(false)`: the pipeline is stopping (shutdown or the drain
-    /// deadline during a retry, or the sink's reader went away) and the
-    /// batch is not acknowledged.
+    /// deadline during a retry, the sink's reader went away, or another
+    /// host took the sink over) and the batch is not acknowledged.
     async fn write_one<F: Future<Output = ()>>(
         &mut self,
         transformed: Transformed,
@@ -947,6 +947,11 @@ impl<S: Sink> Delivery<'_, S> {
                 }
                 Err(err) if err.is_gone() => {
                     tracing::info!(pipeline = %name, reason = %err, "the sink's reader went away; stopping");
+                    return Ok(false);
+                }
+                Err(err) if err.is_fenced() => {
+                    tracing::warn!(pipeline = %name, reason = %err, "another host took over the sink; stopping");
+                    self.counters.record_error(format!("sink: {err}"));
                     return Ok(false);
                 }
                 Err(err) => break err,

@@ -12,7 +12,7 @@ use tracing::Instrument;
 
 use crate::checkpoint::Store;
 use crate::event::Lsn;
-use crate::sink::AnySink;
+use crate::sink::{AnySink, Sink as _};
 use crate::source::stream::SourceStats;
 
 use super::hotswap::ActiveChain;
@@ -304,10 +304,21 @@ async fn supervise(
                 cancel,
             )
             .await;
-            if lease.is_none() {
+            let Some(held) = lease.as_mut() else {
                 // Stopped or paused while standing by: the loop's top says
                 // which.
                 continue;
+            };
+            // Before the slot is read: the target refuses, from here on,
+            // the writes of any host that led before.
+            control.set_state(PipelineState::Starting);
+            match take_over(&mut sink, &config, held, &stop, &pause, &control.stats).await {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(err) => {
+                    control.set_state(PipelineState::Failed);
+                    return Err(err);
+                }
             }
         }
         control.set_state(PipelineState::Starting);
@@ -356,7 +367,14 @@ async fn supervise(
             }
             tracing::warn!(pipeline = %config.name, error = %err, "stopped with batches undelivered; they come again when it runs again");
         }
-        if lease.as_ref().is_some_and(|l| l.is_lost()) && !*stop.borrow() {
+        let overtaken = sink.overtaken();
+        if overtaken && !*stop.borrow() {
+            // Another host claimed the target since: it leads, whatever
+            // this host's lock session says. Let go of the lock and stand
+            // by like any host that lost it.
+            tracing::warn!(pipeline = %config.name, "another host took over the sink: standing by");
+        }
+        if (overtaken || lease.as_ref().is_some_and(|l| l.is_lost())) && !*stop.borrow() {
             // Drained and checkpointed after losing the lock: stand by.
             drop(lease);
             continue;
@@ -366,6 +384,52 @@ async fn supervise(
             // went away): not to be restarted.
             control.set_state(PipelineState::Stopped);
             return Ok(());
+        }
+    }
+}
+
+/// Claims the sink for this host, which just took the leader lock
+/// ([`crate::sink::Sink::take_over`]), retrying with back-off while the
+/// target cannot be reached or the host that led before still writes.
+/// False: stopped, paused or the lock lost first (the supervisor's loop
+/// says what next); an error: the target refused the claim for good.
+async fn take_over(
+    sink: &mut AnySink,
+    config: &PipelineConfig,
+    lease: &mut super::leader::Lease,
+    stop: &watch::Receiver<bool>,
+    pause: &watch::Receiver<bool>,
+    stats: &PipelineStats,
+) -> Result<bool, PipelineError> {
+    let (mut stop, mut pause) = (stop.clone(), pause.clone());
+    let mut backoff = crate::retry::Backoff::new(config.sink_retry_initial, config.sink_retry_max);
+    loop {
+        let claimed = tokio::select! {
+            biased;
+            _ = stop.wait_for(|s| *s) => return Ok(false),
+            _ = pause.wait_for(|p| *p) => return Ok(false),
+            _ = lease.lost() => return Ok(false),
+            claimed = sink.take_over(&config.source.slot) => claimed,
+        };
+        match claimed {
+            Ok(()) => return Ok(true),
+            Err(err) if err.is_transient() => {
+                let wait = backoff.next_wait();
+                tracing::warn!(pipeline = %config.name, error = %err, retry_in = ?wait, "cannot claim the sink yet; retrying");
+                stats.record_error(format!("claiming the sink: {err}"));
+                tokio::select! {
+                    biased;
+                    _ = stop.wait_for(|s| *s) => return Ok(false),
+                    _ = pause.wait_for(|p| *p) => return Ok(false),
+                    _ = lease.lost() => return Ok(false),
+                    _ = tokio::time::sleep(wait) => {}
+                }
+            }
+            Err(err) => {
+                let err = PipelineError::Sink(err);
+                stats.record_error(err.to_string());
+                return Err(err);
+            }
         }
     }
 }

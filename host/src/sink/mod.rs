@@ -44,6 +44,12 @@ pub enum SinkError {
     /// shutdown, acknowledging nothing, rather than failing.
     #[error("{0}")]
     Gone(String),
+    /// Another host took the destination over (it leads the pipeline
+    /// now, `docs/scaling.md`): this host's writes are refused from here
+    /// on, and the pipeline stops as on a shutdown, acknowledging nothing,
+    /// and stands by.
+    #[error("{0}")]
+    Fenced(String),
 }
 
 impl SinkError {
@@ -70,6 +76,11 @@ impl SinkError {
     /// Whether the destination went away on purpose.
     pub fn is_gone(&self) -> bool {
         matches!(self, SinkError::Gone(_))
+    }
+
+    /// Whether another host took the destination over.
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, SinkError::Fenced(_))
     }
 }
 
@@ -113,6 +124,23 @@ pub trait Sink: Send {
     fn abandon(&mut self) -> impl Future<Output = ()> + Send {
         async {}
     }
+
+    /// Claims the destination for this host, which just took the leader
+    /// lock of the pipeline whose slot is `slot` (`docs/scaling.md`): from
+    /// the moment this returns, writes of any host that claimed it before
+    /// are refused ([`SinkError::Fenced`]), and a write of this host is
+    /// refused once another claims it after. Called before the slot is
+    /// read. The default claims nothing: such a sink is not fenced.
+    fn take_over(&mut self, slot: &str) -> impl Future<Output = Result<(), SinkError>> + Send {
+        let _ = slot;
+        async { Ok(()) }
+    }
+
+    /// Whether a write was refused because another host claimed the
+    /// destination since this one did.
+    fn overtaken(&self) -> bool {
+        false
+    }
 }
 
 impl<S: Sink> Sink for &mut S {
@@ -133,6 +161,14 @@ impl<S: Sink> Sink for &mut S {
 
     fn abandon(&mut self) -> impl Future<Output = ()> + Send {
         (**self).abandon()
+    }
+
+    fn take_over(&mut self, slot: &str) -> impl Future<Output = Result<(), SinkError>> + Send {
+        (**self).take_over(slot)
+    }
+
+    fn overtaken(&self) -> bool {
+        (**self).overtaken()
     }
 }
 
@@ -189,6 +225,20 @@ impl Sink for AnySink {
             AnySink::Http(sink) => sink.abandon().await,
             AnySink::Postgres(sink) => sink.abandon().await,
             AnySink::Nats(sink) => sink.abandon().await,
+        }
+    }
+
+    async fn take_over(&mut self, slot: &str) -> Result<(), SinkError> {
+        match self {
+            AnySink::Postgres(sink) => sink.take_over(slot).await,
+            AnySink::Stdout(_) | AnySink::File(_) | AnySink::Http(_) | AnySink::Nats(_) => Ok(()),
+        }
+    }
+
+    fn overtaken(&self) -> bool {
+        match self {
+            AnySink::Postgres(sink) => sink.overtaken(),
+            AnySink::Stdout(_) | AnySink::File(_) | AnySink::Http(_) | AnySink::Nats(_) => false,
         }
     }
 }

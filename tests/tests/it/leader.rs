@@ -459,3 +459,241 @@ async fn a_frozen_leader_releases_the_lock_and_the_standby_takes_over() {
         let _ = std::fs::remove_dir_all(&m.dir);
     }
 }
+
+/// A host that lost its lock session while one of its writes waited on
+/// the target went on retrying that write while it drained, after the
+/// standby had taken over and written newer values; once the target let
+/// it in again, its retry took the row back to an older value. The target
+/// now refuses the writes of a host that another has taken over from
+/// (the fence table), and that host stands by without writing.
+///
+/// Host A writes as a role of its own, so that the test can keep it out
+/// of the target (`CONNECTION LIMIT 0`) while B, the standby, writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_write_of_a_host_that_lost_the_lock_is_refused_after_the_takeover() {
+    let pg = cluster();
+    let (src, dst) = two_databases(&pg).await;
+    same_rows(&src, &dst).await;
+    dst.batch_execute(
+        "CREATE ROLE late_writer LOGIN;
+         GRANT SELECT, INSERT, UPDATE, DELETE ON t TO late_writer;
+         GRANT CREATE ON SCHEMA public TO late_writer;",
+    )
+    .await
+    .expect("role");
+    let (src_url, dst_url) = (pg.conninfo("src"), pg.conninfo("dst"));
+    let a_url = dst_url.replace("user=postgres", "user=late_writer");
+    assert!(a_url.contains("user=late_writer"), "{a_url}");
+    let mut a = Machine::with("late-a", &src_url, &a_url, "drain_timeout = \"90s\"");
+    a.wait_running().await;
+    let mut b = Machine::new("late-b", &src_url, &dst_url);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while state(b.port).await.as_deref() != Some("standby") {
+        assert!(Instant::now() < deadline, "b never stood by:\n{}", b.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // A's write of v = 1 waits for the table lock.
+    let locker = crate::faults::lock_t(&dst_url).await;
+    src.batch_execute("UPDATE t SET v = 1 WHERE id = 1")
+        .await
+        .expect("change");
+    let waiting = "SELECT count(*) FROM pg_stat_activity \
+                   WHERE usename = 'late_writer' AND wait_event_type = 'Lock'";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while dst
+        .query_one(waiting, &[])
+        .await
+        .expect("activity")
+        .get::<_, i64>(0)
+        == 0
+    {
+        assert!(Instant::now() < deadline, "a never wrote:\n{}", a.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // A loses its lock session; it drains, retrying the write, which
+    // cannot reach the target while B takes over.
+    dst.batch_execute("ALTER ROLE late_writer CONNECTION LIMIT 0")
+        .await
+        .expect("keep a out");
+    src.batch_execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_locks \
+         WHERE locktype = 'advisory' AND granted",
+    )
+    .await
+    .expect("end a's lock session");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !a.log().contains("lost the leader lock's connection") {
+        assert!(Instant::now() < deadline, "a kept its lock:\n{}", a.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    dst.batch_execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'late_writer'",
+    )
+    .await
+    .expect("end a's write");
+    locker.batch_execute("ROLLBACK").await.expect("unlock");
+    b.wait_running().await;
+    wait_value(&dst, 1, 1, &b).await;
+    src.batch_execute("UPDATE t SET v = 2 WHERE id = 1")
+        .await
+        .expect("change");
+    wait_value(&dst, 1, 2, &b).await;
+    assert!(
+        a.log().contains("sink write failed; retrying"),
+        "a was not retrying its write:\n{}",
+        a.log()
+    );
+
+    // A reaches the target again, with its write of v = 1 still to do.
+    dst.batch_execute("ALTER ROLE late_writer CONNECTION LIMIT -1")
+        .await
+        .expect("let a in");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while state(a.port).await.as_deref() != Some("standby") {
+        assert!(
+            Instant::now() < deadline,
+            "a did not stand by:\n{}",
+            a.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        value(&dst, 1).await,
+        Some(2),
+        "a's late write took the row back:\n{}",
+        a.log()
+    );
+    assert!(
+        a.log().contains("another host took over the target"),
+        "{}",
+        a.log()
+    );
+    src.batch_execute("UPDATE t SET v = 3 WHERE id = 2")
+        .await
+        .expect("change");
+    let host = b.host.as_ref().expect("b");
+    wait_equal(&src, &dst, "SELECT * FROM t ORDER BY id", host, 60).await;
+    a.stop();
+    b.stop();
+    for m in [&a, &b] {
+        let _ = std::fs::remove_dir_all(&m.dir);
+    }
+}
+
+/// A host frozen in the middle of a write holds the fence row of the
+/// target, which the standby's claim waits for; the target ends that
+/// host's session once its transaction has sat idle for 10 s, so the
+/// standby takes over and streams, and the thawed host's retry is
+/// refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_frozen_inside_a_write_does_not_hold_the_standby_up() {
+    use nix::sys::signal::{Signal, kill};
+    let pg = cluster();
+    let (src, dst) = two_databases(&pg).await;
+    same_rows(&src, &dst).await;
+    let (src_url, dst_url) = (pg.conninfo("src"), pg.conninfo("dst"));
+    let mut a = Machine::new("inside-a", &src_url, &dst_url);
+    a.wait_running().await;
+    let mut b = Machine::new("inside-b", &src_url, &dst_url);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while state(b.port).await.as_deref() != Some("standby") {
+        assert!(Instant::now() < deadline, "b never stood by:\n{}", b.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let locker = crate::faults::lock_t(&dst_url).await;
+    src.batch_execute("UPDATE t SET v = 1 WHERE id = 1")
+        .await
+        .expect("change");
+    let waiting = "SELECT count(*) FROM pg_stat_activity \
+                   WHERE wait_event_type = 'Lock' AND datname = 'dst'";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while dst
+        .query_one(waiting, &[])
+        .await
+        .expect("activity")
+        .get::<_, i64>(0)
+        == 0
+    {
+        assert!(Instant::now() < deadline, "a never wrote:\n{}", a.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pid = nix::unistd::Pid::from_raw(a.host.as_ref().expect("a").pid() as i32);
+    kill(pid, Signal::SIGSTOP).expect("SIGSTOP");
+    // A's statements now run and its transaction waits, idle, for a
+    // COMMIT that a frozen host does not send.
+    locker.batch_execute("ROLLBACK").await.expect("unlock");
+    let frozen = Instant::now();
+    let deadline = frozen + Duration::from_secs(45);
+    while state(b.port).await.as_deref() != Some("running") {
+        if Instant::now() > deadline {
+            let _ = kill(pid, Signal::SIGCONT);
+            panic!("the standby never took over:\n{}", b.log());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    src.batch_execute("UPDATE t SET v = 2 WHERE id = 1")
+        .await
+        .expect("change");
+    wait_value(&dst, 1, 2, &b).await;
+    kill(pid, Signal::SIGCONT).expect("SIGCONT");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while state(a.port).await.as_deref() != Some("standby") {
+        assert!(
+            Instant::now() < deadline,
+            "the thawed host did not stand by:\n{}",
+            a.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(value(&dst, 1).await, Some(2), "{}", a.log());
+    src.batch_execute("UPDATE t SET v = 3 WHERE id = 2")
+        .await
+        .expect("change");
+    let host = b.host.as_ref().expect("b");
+    wait_equal(&src, &dst, "SELECT * FROM t ORDER BY id", host, 60).await;
+    a.stop();
+    b.stop();
+    for m in [&a, &b] {
+        let _ = std::fs::remove_dir_all(&m.dir);
+    }
+}
+
+/// A target where the sink's user may not create the fence table, and
+/// nobody made it: the pipeline fails before it streams, with an error
+/// that gives the statements to run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_without_the_fence_table_says_how_to_make_it() {
+    let pg = cluster();
+    let (src, dst) = two_databases(&pg).await;
+    same_rows(&src, &dst).await;
+    dst.batch_execute(
+        "CREATE ROLE plain_writer LOGIN;
+         GRANT SELECT, INSERT, UPDATE, DELETE ON t TO plain_writer;
+         REVOKE CREATE ON SCHEMA public FROM PUBLIC;",
+    )
+    .await
+    .expect("role");
+    let dst_url = pg
+        .conninfo("dst")
+        .replace("user=postgres", "user=plain_writer");
+    let mut a = Machine::new("unfenced", &pg.conninfo("src"), &dst_url);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !a.log().contains("pipeline failed") {
+        assert!(Instant::now() < deadline, "did not fail:\n{}", a.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, log) = a.host.take().expect("a").stop(30);
+    assert!(!status.success(), "{log}");
+    for needed in [
+        "permission denied for schema public",
+        r#"CREATE TABLE "public"."datum_fence" (slot text PRIMARY KEY"#,
+        "GRANT SELECT, INSERT, UPDATE",
+    ] {
+        assert!(log.contains(needed), "{needed}:\n{log}");
+    }
+    let _ = std::fs::remove_dir_all(&a.dir);
+}

@@ -63,7 +63,44 @@ pub struct PostgresSink {
     primary_keys: HashMap<Target, Vec<String>>,
     /// What a `schema` change does.
     schema_changes: SchemaChanges,
+    /// This host's claim on the target, under the leader lock.
+    fence: Option<Fence>,
+    /// The fence check, prepared on the live connection.
+    fence_check: Option<Statement>,
 }
+
+/// This host's claim on the target while it leads the pipeline
+/// (`docs/scaling.md`): a row of the fence table, keyed by the slot's name,
+/// whose term each host that takes the leader lock raises before it reads
+/// the slot. Every write's transaction first reads that row `FOR SHARE`
+/// and goes on only if the term is still this host's; a host that takes
+/// over waits, raising the term, for the writes that read it before, and
+/// refuses every later write of the host it overtook.
+#[derive(Debug)]
+struct Fence {
+    /// The fence table, quoted.
+    table: String,
+    /// The row's key: the slot's name, the same on every host.
+    slot: String,
+    /// The term this host took.
+    term: i64,
+    /// A write found a newer term: another host took over.
+    overtaken: bool,
+}
+
+/// The fence table's name, in the sink's `schema` or else `public`.
+const FENCE_TABLE: &str = "datum_fence";
+
+/// How long raising the term may wait for the writes of the host that led
+/// before (each holds the fence row until its transaction ends) before
+/// the attempt fails, to be tried again.
+const TAKE_OVER_WAIT: &str = "10s";
+
+/// How long a fenced session may sit in an open transaction. A host frozen
+/// in the middle of a write (a hung process, a paused virtual machine)
+/// holds the fence row, and with it the next leader's claim, until the
+/// server ends that session.
+const IDLE_IN_TRANSACTION: &str = "10s";
 
 impl fmt::Debug for PostgresSink {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -102,6 +139,8 @@ impl PostgresSink {
             statements: HashMap::new(),
             primary_keys: HashMap::new(),
             schema_changes: SchemaChanges::default(),
+            fence: None,
+            fence_check: None,
         };
         sink.reconnect().await?;
         Ok(sink)
@@ -119,6 +158,7 @@ impl PostgresSink {
     fn leave_session(&mut self) -> Option<Client> {
         self.statements.clear();
         self.primary_keys.clear();
+        self.fence_check = None;
         self.client.take()
     }
 
@@ -136,8 +176,89 @@ impl PostgresSink {
                 SinkError::definite(message)
             }
         })?;
+        if self.fence.is_some() {
+            bound_transactions(&client).await?;
+        }
         self.client = Some(client);
         Ok(())
+    }
+
+    /// The fence table, quoted.
+    fn fence_table(&self) -> String {
+        Target {
+            schema: self
+                .routes
+                .schema
+                .clone()
+                .unwrap_or_else(|| "public".to_owned()),
+            table: FENCE_TABLE.to_owned(),
+        }
+        .sql()
+    }
+
+    /// Raises the fence row's term of `slot`, creating the table when it
+    /// is missing; see [`Fence`].
+    async fn claim(&mut self, slot: &str) -> Result<i64, SinkError> {
+        let table = self.fence_table();
+        let client = self
+            .client
+            .as_mut()
+            .ok_or_else(|| SinkError::transient("not connected to the target database"))?;
+        bound_transactions(client).await?;
+        let claim_failed = |e: tokio_postgres::Error| {
+            let mut err = failure(e, "raising the leader's term in the fence table", None).error;
+            if let SinkError::Refused(message) = &mut err {
+                message.push_str(&format!(
+                    "; a pipeline with source.leader_lock writes through a fence table: \
+                     create it, or let the sink's user create it, with CREATE TABLE {table} \
+                     (slot text PRIMARY KEY, term bigint NOT NULL, taken_at timestamptz NOT \
+                     NULL DEFAULT now()) and GRANT SELECT, INSERT, UPDATE on it to the sink's \
+                     user"
+                ));
+            }
+            err
+        };
+        let exists: bool = client
+            .query_one("SELECT to_regclass($1::text) IS NOT NULL", &[&table])
+            .await
+            .and_then(|row| row.try_get(0))
+            .map_err(claim_failed)?;
+        if !exists {
+            client
+                .batch_execute(&format!(
+                    "CREATE TABLE IF NOT EXISTS {table} (slot text PRIMARY KEY, \
+                     term bigint NOT NULL, taken_at timestamptz NOT NULL DEFAULT now())"
+                ))
+                .await
+                .map_err(claim_failed)?;
+        }
+        let tx = client.transaction().await.map_err(claim_failed)?;
+        tx.batch_execute(&format!("SET LOCAL lock_timeout = '{TAKE_OVER_WAIT}'"))
+            .await
+            .map_err(claim_failed)?;
+        let term: i64 = tx
+            .query_one(
+                &format!(
+                    "INSERT INTO {table} AS f (slot, term) VALUES ($1, 1) \
+                     ON CONFLICT (slot) DO UPDATE SET term = f.term + 1, taken_at = now() \
+                     RETURNING term"
+                ),
+                &[&slot],
+            )
+            .await
+            .and_then(|row| row.try_get(0))
+            .map_err(|e| {
+                if e.as_db_error().map(|d| d.code().code()) == Some("55P03") {
+                    SinkError::transient(format!(
+                        "the host that led before still has a write open on the target \
+                         (it holds {table}'s row of slot {slot}); waiting for it to end"
+                    ))
+                } else {
+                    claim_failed(e)
+                }
+            })?;
+        tx.commit().await.map_err(claim_failed)?;
+        Ok(term)
     }
 
     async fn apply(&mut self, batch: &Transformed) -> Result<(), Failure> {
@@ -163,6 +284,38 @@ impl PostgresSink {
             .transaction()
             .await
             .map_err(|e| failure(e, "starting a transaction", None))?;
+        if let Some(fence) = &mut self.fence {
+            let check = match &self.fence_check {
+                Some(check) => check.clone(),
+                None => {
+                    let check = tx
+                        .prepare(&format!(
+                            "SELECT term FROM {} WHERE slot = $1 FOR SHARE",
+                            fence.table
+                        ))
+                        .await
+                        .map_err(|e| failure(e, "checking the fence table", None))?;
+                    self.fence_check = Some(check.clone());
+                    check
+                }
+            };
+            let term: Option<i64> = tx
+                .query_opt(&check, &[&fence.slot])
+                .await
+                .and_then(|row| row.map(|row| row.try_get(0)).transpose())
+                .map_err(|e| failure(e, "checking the fence table", None))?;
+            if term != Some(fence.term) {
+                fence.overtaken = true;
+                let now = term.map_or_else(|| "none".to_owned(), |t| t.to_string());
+                return Err(Failure::from(SinkError::Fenced(format!(
+                    "another host took over the target {}: the leader's term in {} is {now}, \
+                     this host's {}; this host writes no more and stands by",
+                    target_name(&self.info),
+                    fence.table,
+                    fence.term
+                ))));
+            }
+        }
         let mut rest = plan.as_slice();
         while let Some(first) = rest.first() {
             if first.simple {
@@ -340,8 +493,7 @@ impl Sink for PostgresSink {
             Err(Failure { error, lost }) => {
                 if lost || self.client.as_ref().is_none_or(Client::is_closed) {
                     // The next write connects afresh.
-                    self.client = None;
-                    self.statements.clear();
+                    self.leave_session();
                 }
                 // A person may fix the target (add a primary key) before
                 // the batch comes again: look the keys up afresh.
@@ -349,6 +501,34 @@ impl Sink for PostgresSink {
                 Err(error)
             }
         }
+    }
+
+    async fn take_over(&mut self, slot: &str) -> Result<(), SinkError> {
+        if self.client.as_ref().is_none_or(Client::is_closed) {
+            self.reconnect().await?;
+        }
+        let claimed = self.claim(slot).await;
+        let term = match claimed {
+            Ok(term) => term,
+            Err(err) => {
+                if self.client.as_ref().is_none_or(Client::is_closed) {
+                    self.leave_session();
+                }
+                return Err(err);
+            }
+        };
+        tracing::info!(target = %target_name(&self.info), slot = %slot, term, "claimed the target: writes of hosts that led before are refused");
+        self.fence = Some(Fence {
+            table: self.fence_table(),
+            slot: slot.to_owned(),
+            term,
+            overtaken: false,
+        });
+        Ok(())
+    }
+
+    fn overtaken(&self) -> bool {
+        self.fence.as_ref().is_some_and(|f| f.overtaken)
     }
 
     /// Cancels the statement the given-up write left running on the target
@@ -362,6 +542,24 @@ impl Sink for PostgresSink {
             crate::pg::cancel(&self.info, &client, CANCEL_WITHIN).await;
         }
     }
+}
+
+/// Ends the session's transactions that sit idle for longer than
+/// `IDLE_IN_TRANSACTION` (see there).
+async fn bound_transactions(client: &Client) -> Result<(), SinkError> {
+    client
+        .batch_execute(&format!(
+            "SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION}'"
+        ))
+        .await
+        .map_err(|e| {
+            failure(
+                e,
+                "setting the session's idle_in_transaction_session_timeout",
+                None,
+            )
+            .error
+        })
 }
 
 /// How long asking the target to cancel a given-up write may take (the
