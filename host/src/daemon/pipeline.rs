@@ -41,7 +41,7 @@ use crate::daemon::commit::{self, CommitPolicy};
 use crate::daemon::feedback::Feedback;
 use crate::daemon::hotswap::{ActiveChain, Slot};
 use crate::daemon::snapshot::{self, SnapshotPolicy, Snapshots};
-use crate::daemon::transforms::{self, Ack, Staged};
+use crate::daemon::transforms::{self, Ack, Receipt, Staged};
 use crate::event::Batch;
 use crate::retry::Backoff;
 use crate::sink::{Sink, SinkError};
@@ -320,7 +320,6 @@ pub async fn run<S: Sink>(
     let mut delivery = Delivery {
         config: &config,
         store: &store,
-        chain: &chain,
         feedback: &stages.feedback,
         counters: &config.stats,
         sink,
@@ -627,7 +626,6 @@ impl Stages {
 struct Delivery<'a, S> {
     config: &'a PipelineConfig,
     store: &'a Arc<Store>,
-    chain: &'a Arc<ActiveChain>,
     feedback: &'a Feedback,
     counters: &'a PipelineStats,
     sink: S,
@@ -753,36 +751,36 @@ impl<S: Sink> Delivery<'_, S> {
                     }
                 },
             };
-            let (transformed, ack) = match staged {
+            let (transformed, receipt) = match staged {
                 Staged::Failed(batch, error, ack, version) => {
                     self.module_failed(batch, error, ack, version).await?;
                     continue;
                 }
-                Staged::Ready(transformed, ack) => (transformed, ack),
+                Staged::Ready(transformed, receipt) => (transformed, receipt),
             };
             if transformed.source.changes.is_empty() && transformed.is_empty() {
                 // Nothing to write (a transaction that carried only a
                 // snapshot watermark): acknowledged as written.
-                self.written(std::slice::from_ref(&transformed), &[ack]);
+                self.written(std::slice::from_ref(&transformed), &[receipt]);
                 continue;
             }
-            let (single, ack) = if self.singly > 0 {
+            let (single, receipt) = if self.singly > 0 {
                 self.singly -= 1;
-                (transformed, ack)
+                (transformed, receipt)
             } else {
-                let (mut group, mut acks) = self.take_group(transformed, ack);
+                let (mut group, mut receipts) = self.take_group(transformed, receipt);
                 if group.len() > 1 {
-                    if !self.write_group(group, acks, shutdown.as_mut()).await {
+                    if !self.write_group(group, receipts, shutdown.as_mut()).await {
                         return Ok(());
                     }
                     continue;
                 }
-                match (group.pop(), acks.pop()) {
-                    (Some(transformed), Some(ack)) => (transformed, ack),
+                match (group.pop(), receipts.pop()) {
+                    (Some(transformed), Some(receipt)) => (transformed, receipt),
                     _ => continue,
                 }
             };
-            if !self.write_one(single, ack, shutdown.as_mut()).await? {
+            if !self.write_one(single, receipt, shutdown.as_mut()).await? {
                 return Ok(());
             }
         }
@@ -813,11 +811,15 @@ impl<S: Sink> Delivery<'_, S> {
     /// `first` and the transformed batches waiting behind it, up to a
     /// group's limits, each with what delivering it acknowledges; a batch a
     /// module failed on ends the group.
-    fn take_group(&mut self, first: Transformed, ack: Ack) -> (Vec<Transformed>, Vec<Ack>) {
+    fn take_group(
+        &mut self,
+        first: Transformed,
+        receipt: Receipt,
+    ) -> (Vec<Transformed>, Vec<Receipt>) {
         let limits = self.config.source.limits;
         let mut bytes = first.source.cost(limits);
         let mut group = vec![first];
-        let mut acks = vec![ack];
+        let mut receipts = vec![receipt];
         while group.len() < GROUP_MAX_BATCHES && bytes < limits.max_bytes {
             let next = match self.queue.pop_front() {
                 Some(staged) => staged,
@@ -827,10 +829,10 @@ impl<S: Sink> Delivery<'_, S> {
                 },
             };
             match next {
-                Staged::Ready(next, ack) => {
+                Staged::Ready(next, receipt) => {
                     bytes += next.source.cost(limits);
                     group.push(next);
-                    acks.push(ack);
+                    receipts.push(receipt);
                 }
                 failed => {
                     self.queue.push_front(failed);
@@ -838,7 +840,7 @@ impl<S: Sink> Delivery<'_, S> {
                 }
             }
         }
-        (group, acks)
+        (group, receipts)
     }
 
     /// Writes a dead letter again, at once and outside the stream (no
@@ -875,7 +877,7 @@ impl<S: Sink> Delivery<'_, S> {
     async fn write_group<F: Future<Output = ()>>(
         &mut self,
         group: Vec<Transformed>,
-        acks: Vec<Ack>,
+        receipts: Vec<Receipt>,
         shutdown: Pin<&mut F>,
     ) -> bool {
         let write = self.sink.write_group(&group);
@@ -886,13 +888,13 @@ impl<S: Sink> Delivery<'_, S> {
             return false;
         };
         match result {
-            Ok(()) => self.written(&group, &acks),
+            Ok(()) => self.written(&group, &receipts),
             Err(err) => {
                 self.counters.sink_retries.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(pipeline = %self.config.name, error = %err, batches = group.len(), "group write failed; writing its batches one at a time");
                 self.singly = group.len();
-                for (transformed, ack) in group.into_iter().zip(acks).rev() {
-                    self.queue.push_front(Staged::Ready(transformed, ack));
+                for (transformed, receipt) in group.into_iter().zip(receipts).rev() {
+                    self.queue.push_front(Staged::Ready(transformed, receipt));
                 }
             }
         }
@@ -907,7 +909,7 @@ impl<S: Sink> Delivery<'_, S> {
     async fn write_one<F: Future<Output = ()>>(
         &mut self,
         transformed: Transformed,
-        ack: Ack,
+        receipt: Receipt,
         mut shutdown: Pin<&mut F>,
     ) -> Result<bool, PipelineError> {
         let name = &self.config.name;
@@ -928,7 +930,7 @@ impl<S: Sink> Delivery<'_, S> {
             };
             match result {
                 Ok(()) => {
-                    self.written(std::slice::from_ref(&transformed), &[ack]);
+                    self.written(std::slice::from_ref(&transformed), &[receipt]);
                     return Ok(true);
                 }
                 Err(err) if err.is_transient() => {
@@ -963,28 +965,27 @@ impl<S: Sink> Delivery<'_, S> {
             self.config,
             self.store,
             self.counters,
-            self.chain,
             &transformed.source,
-            Failure::Sink(refused),
+            Failure::Sink(refused, receipt.version),
         )
         .await?;
-        if let Some(txn) = ack.acknowledges(transformed.txn()) {
+        if let Some(txn) = receipt.ack.acknowledges(transformed.txn()) {
             self.feedback.ack(&txn);
         }
         Ok(true)
     }
 
-    /// Counts `batches` as written and acknowledges each whose `acks`
+    /// Counts `batches` as written and acknowledges each whose receipt
     /// says so (a part before the last of a batch does not).
-    fn written(&self, batches: &[Transformed], acks: &[Ack]) {
+    fn written(&self, batches: &[Transformed], receipts: &[Receipt]) {
         self.counters
             .bytes_written
             .store(self.sink.bytes_written(), Ordering::Relaxed);
-        for (transformed, ack) in batches.iter().zip(acks) {
+        for (transformed, receipt) in batches.iter().zip(receipts) {
             self.counters
                 .changes_written
                 .fetch_add(transformed.len() as u64, Ordering::Relaxed);
-            if let Some(txn) = ack.acknowledges(transformed.txn()) {
+            if let Some(txn) = receipt.ack.acknowledges(transformed.txn()) {
                 self.counters
                     .batches_written
                     .fetch_add(1, Ordering::Relaxed);
@@ -1017,7 +1018,6 @@ impl<S: Sink> Delivery<'_, S> {
             self.config,
             self.store,
             self.counters,
-            self.chain,
             &batch,
             Failure::Module(error, version),
         )
@@ -1171,15 +1171,16 @@ pub(crate) fn payload_message(payload: &(dyn std::any::Any + Send)) -> String {
 enum Failure {
     /// A module failed on it: the error, and the version that failed.
     Module(ChainError, u64),
-    /// The sink refused it (and retrying will not help).
-    Sink(SinkError),
+    /// The sink refused it (and retrying will not help): the error, and
+    /// the version of the last module, whose output it refused.
+    Sink(SinkError, u64),
 }
 
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Failure::Module(e, _) => e.fmt(f),
-            Failure::Sink(e) => write!(f, "sink: {e}"),
+            Failure::Sink(e, _) => write!(f, "sink: {e}"),
         }
     }
 }
@@ -1190,7 +1191,6 @@ async fn handle_failure(
     config: &PipelineConfig,
     store: &Arc<Store>,
     counters: &PipelineStats,
-    chain: &ActiveChain,
     batch: &Batch,
     error: Failure,
 ) -> Result<(), PipelineError> {
@@ -1198,7 +1198,7 @@ async fn handle_failure(
     let commit_lsn = crate::event::Lsn(batch.txn.commit_lsn);
     let what = match error {
         Failure::Module(..) => "module failed",
-        Failure::Sink(_) => "sink refused the batch",
+        Failure::Sink(..) => "sink refused the batch",
     };
     match config.on_error {
         OnError::Fail => {
@@ -1209,7 +1209,7 @@ async fn handle_failure(
                     commit_lsn,
                     error,
                 },
-                Failure::Sink(error) => PipelineError::Sink(error),
+                Failure::Sink(error, _) => PipelineError::Sink(error),
             })
         }
         OnError::Skip => {
@@ -1228,11 +1228,8 @@ async fn handle_failure(
             // The failing module's version, as the transform thread ran it;
             // for a sink refusal, the version of the last module, whose
             // output the sink refused (0 without modules, or outside the
-            // registry).
-            let version = match &error {
-                Failure::Module(_, version) => *version,
-                Failure::Sink(_) => chain.info().last().map_or(0, |s| s.version),
-            };
+            // registry), as that thread ran it too.
+            let (Failure::Module(_, version) | Failure::Sink(_, version)) = error;
             let message = error.to_string();
             let (store, pipeline, stored) = (store.clone(), name.clone(), message.clone());
             let id = tokio::task::spawn_blocking(move || {

@@ -89,10 +89,22 @@ impl Ack {
     }
 }
 
+/// What the sink stage keeps with a transformed batch until it is
+/// delivered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Receipt {
+    /// What delivering it acknowledges.
+    pub(crate) ack: Ack,
+    /// The version of the chain's last module, which made the output, as
+    /// this thread ran it (0: no modules, or one outside the registry): a
+    /// dead letter of the sink's refusal names it.
+    pub(crate) version: u64,
+}
+
 /// What the transform stage hands the sink stage.
 pub(crate) enum Staged {
     /// Through the chain.
-    Ready(Transformed, Ack),
+    Ready(Transformed, Receipt),
     /// A module failed on it: the error, and the failing module's version
     /// as this thread ran it (the sink stage, some batches behind, may see
     /// a newer version in force by the time it handles the failure).
@@ -117,6 +129,7 @@ pub(crate) fn spawn(
         tap: Tap::new(&chain),
         chain,
         empty,
+        last_version: last_version(active),
         active: active.clone(),
         canary: config.canary.clone(),
         counters: config.stats.clone(),
@@ -167,6 +180,8 @@ struct Stage {
     chain: Chain,
     /// The chain has no modules: batches pass untouched.
     empty: bool,
+    /// The version of the chain's last module (0: none).
+    last_version: u64,
     /// A canary of a new version is fed from here (`canary.rs`).
     tap: Tap,
     active: Arc<ActiveChain>,
@@ -182,6 +197,7 @@ impl Stage {
         if self.active.pending() {
             self.chain = self.active.adopt(boundary);
             self.empty = self.chain.modules().next().is_none();
+            self.last_version = last_version(&self.active);
             self.tap.adopted(&self.chain);
         }
         self.tap.boundary(&self.canary, boundary);
@@ -190,8 +206,12 @@ impl Stage {
     /// Runs `batch` through the chain; what to hand on and its size.
     fn run(&mut self, batch: Batch, ack: Ack) -> (Staged, usize) {
         let bytes = batch.cost(self.limits);
+        let receipt = Receipt {
+            ack,
+            version: self.last_version,
+        };
         if self.empty {
-            return (Staged::Ready(Transformed::untouched(batch), ack), bytes);
+            return (Staged::Ready(Transformed::untouched(batch), receipt), bytes);
         }
         let started = Instant::now();
         let result = self.chain.run_ref(&batch);
@@ -207,7 +227,7 @@ impl Stage {
                     source: batch,
                     items,
                 },
-                ack,
+                receipt,
             ),
             Err(error) => {
                 let version = self.active.version_in_force(&error.module);
@@ -216,6 +236,11 @@ impl Stage {
         };
         (staged, bytes)
     }
+}
+
+/// The version of the last module in force in `active` (0: none).
+fn last_version(active: &ActiveChain) -> u64 {
+    active.info().last().map_or(0, |s| s.version)
 }
 
 /// What is handed to the sink stage: the item, its size, and for a part the

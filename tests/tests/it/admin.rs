@@ -2176,15 +2176,66 @@ fn a_broken_config_line_does_not_echo_its_secret() {
 /// it was stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_letter_names_the_version_that_failed_not_one_adopted_since() {
+    // The panicker fails on id = 3.
+    let (failing, adopted, letter) =
+        dead_letter_of_row_3_after_a_swap("admin-dead-letter-version", "panicker", "", "identity")
+            .await;
+    assert_eq!(
+        letter["module_version"].as_u64(),
+        Some(failing),
+        "the version that failed on row 3, not {adopted}: {letter}"
+    );
+}
+
+/// The same for the sink's refusal: the target refuses row 3 (a check
+/// constraint) after a new version was adopted; the dead letter names the
+/// version whose output was refused. It named the version in force when
+/// the sink refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_of_a_sink_refusal_names_the_version_that_made_the_output() {
+    let (made, adopted, letter) = dead_letter_of_row_3_after_a_swap(
+        "admin-refusal-version",
+        "identity",
+        "ALTER TABLE t ADD CHECK (id <> 3)",
+        "panicker",
+    )
+    .await;
+    assert_eq!(
+        letter["module_version"].as_u64(),
+        Some(made),
+        "the version whose output was refused, not {adopted}: {letter}"
+    );
+    assert!(
+        letter["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("check constraint"),
+        "{letter}"
+    );
+}
+
+/// A pipeline through module `module` into a postgres sink whose target
+/// table `t` has had `target_sql` run: rows 2 and 3 go through the chain
+/// while the sink waits for a lock, then `upload` (an example module) is
+/// adopted as the module's next version, and the lock is let go. The
+/// version that ran on row 3, the one adopted, and row 3's dead letter.
+async fn dead_letter_of_row_3_after_a_swap(
+    name: &str,
+    module: &str,
+    target_sql: &str,
+    upload: &str,
+) -> (u64, u64, Json) {
     let pg = cluster();
     let (src, dst) = two_databases_with_t(&pg).await;
-    let dir = temp_dir("admin-dead-letter-version");
+    if !target_sql.is_empty() {
+        dst.batch_execute(target_sql).await.expect("target");
+    }
+    let dir = temp_dir(name);
     let port = free_port();
-    // The panicker fails on id = 3.
     let extra = format!(
         "on_error = \"dead_letter\"\nsnapshot.mode = \"never\"\n\
          [[pipeline.transforms]]\nmodule = {}\n",
-        toml_string(example_wasm_path("panicker").to_str().expect("utf-8"))
+        toml_string(example_wasm_path(module).to_str().expect("utf-8"))
     );
     let config = crate::snapshot::config(
         &pg.conninfo("src"),
@@ -2198,7 +2249,7 @@ async fn a_dead_letter_names_the_version_that_failed_not_one_adopted_since() {
     let host = Host::start(&dir, &config);
     let admin = Admin::new(port);
     admin.wait_running(&host).await;
-    let (failing, _) = admin.active_version("panicker").await;
+    let (ran, _) = admin.active_version(module).await;
     src.batch_execute("INSERT INTO t VALUES (1)")
         .await
         .expect("insert");
@@ -2206,7 +2257,7 @@ async fn a_dead_letter_names_the_version_that_failed_not_one_adopted_since() {
     let before = admin.batches_transformed().await;
 
     // The sink's next write waits for the lock; the transform thread goes
-    // on: row 2 passes, row 3 fails under the first version.
+    // on with rows 2 and 3 under the first version.
     let locker = lock_t(&pg.conninfo("dst")).await;
     for id in [2, 3] {
         src.batch_execute(&format!("INSERT INTO t VALUES ({id})"))
@@ -2219,18 +2270,18 @@ async fn a_dead_letter_names_the_version_that_failed_not_one_adopted_since() {
         assert!(Instant::now() < deadline, "{}", host.log());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // A version that does not fail is adopted at once (the transform
-    // thread waits for input), long before the sink reaches row 3.
+    // The new version is adopted at once (the transform thread waits for
+    // input), long before the sink reaches row 3.
     let (status, body) = admin
         .upload(
-            "/v1/pipelines/p/modules/panicker/versions",
-            &example_wasm("identity"),
+            &format!("/v1/pipelines/p/modules/{module}/versions"),
+            &example_wasm(upload),
             "",
         )
         .await;
     assert_eq!(status, 201, "{body}");
     let adopted = body["version"].as_u64().expect("version");
-    assert!(adopted > failing, "{body}");
+    assert!(adopted > ran, "{body}");
 
     locker.batch_execute("ROLLBACK").await.expect("unlock");
     wait_rows_in_t(&dst, 2, &host).await;
@@ -2244,12 +2295,8 @@ async fn a_dead_letter_names_the_version_that_failed_not_one_adopted_since() {
         assert!(Instant::now() < deadline, "no dead letter: {body}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    assert_eq!(
-        letter["module_version"].as_u64(),
-        Some(failing),
-        "the version that failed on row 3, not {adopted}: {letter}"
-    );
     let (status, log) = host.stop(30);
     assert!(status.success(), "{log}");
     let _ = std::fs::remove_dir_all(&dir);
+    (ran, adopted, letter)
 }
