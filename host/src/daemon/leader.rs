@@ -32,9 +32,19 @@ const TRY_EVERY: Duration = Duration::from_secs(1);
 pub(crate) struct Lease {
     lost: watch::Receiver<bool>,
     probe: tokio::task::JoinHandle<()>,
+    /// The source's system identifier (the same on every host, and on a
+    /// standby promoted in the source's place).
+    source: String,
 }
 
 impl Lease {
+    /// What names this pipeline's slot on every host, and on no other
+    /// source: the source's system identifier and the slot's name,
+    /// `SYSTEMID/SLOT` (the key of the sink's fence).
+    pub(crate) fn holder_key(&self, slot: &str) -> String {
+        format!("{}/{slot}", self.source)
+    }
+
     /// Completes when the lock connection failed: another host may lead.
     pub(crate) async fn lost(&mut self) {
         let _ = self.lost.wait_for(|lost| *lost).await;
@@ -92,6 +102,30 @@ const LOCK_QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 /// hash of the slot's name, the same for every host).
 const TRY_LOCK: &str = "SELECT pg_try_advisory_lock(hashtextextended('datum leader ' || $1, 0))";
 
+/// The source's system identifier, read once the lock is taken. Two
+/// sources can have slots of the same name (a pipeline configured alike
+/// for two shards); their fences in a shared target must not be one.
+async fn system_identifier(client: &tokio_postgres::Client) -> Result<String, String> {
+    client
+        .query_one(
+            "SELECT system_identifier::text FROM pg_control_system()",
+            &[],
+        )
+        .await
+        .and_then(|row| row.try_get(0))
+        .map_err(|e| {
+            let mut err = crate::pg::error_chain(&e);
+            if e.as_db_error().map(|d| d.code().code()) == Some("42501") {
+                err.push_str(
+                    "; the leader lock reads the source's system identifier: GRANT EXECUTE ON \
+                     FUNCTION pg_control_system() TO the source's user (PostgreSQL grants it \
+                     to everyone unless it was revoked)",
+                );
+            }
+            format!("reading the source's system identifier: {err}")
+        })
+}
+
 /// Waits until this host holds the leader lock of `slot`, retrying a
 /// source it cannot reach with back-off; `on_unreachable` is told why
 /// each attempt to reach it failed. `None`: `cancel` completed first.
@@ -136,11 +170,17 @@ pub(crate) async fn acquire(
                         .map_err(|e| format!("setting the lock session's timeouts: {e}"))?;
                     bounded = true;
                 }
-                client
+                let taken = client
                     .query_one(TRY_LOCK, &params)
                     .await
                     .and_then(|r| r.try_get::<_, bool>(0))
-                    .map_err(|e| crate::pg::error_chain(&e))
+                    .map_err(|e| crate::pg::error_chain(&e))?;
+                if !taken {
+                    return Ok(None);
+                }
+                // On failure the connection is dropped, and the lock
+                // with it.
+                system_identifier(&client).await.map(Some)
             };
             let taken = tokio::select! {
                 biased;
@@ -153,11 +193,11 @@ pub(crate) async fn acquire(
                 backoff.reset();
             }
             match taken {
-                Ok(true) => {
+                Ok(Some(source)) => {
                     tracing::info!(pipeline = %pipeline, slot = %slot, "took the leader lock: this host streams the slot");
-                    return Some(hold(client, pipeline));
+                    return Some(hold(client, pipeline, source));
                 }
-                Ok(false) => {
+                Ok(None) => {
                     if !announced {
                         tracing::info!(pipeline = %pipeline, slot = %slot, "standing by: another host holds the leader lock");
                         announced = true;
@@ -188,7 +228,7 @@ pub(crate) async fn acquire(
 
 /// Keeps the session (and so the lock) alive, probing it; says when it is
 /// lost.
-fn hold(client: tokio_postgres::Client, pipeline: &str) -> Lease {
+fn hold(client: tokio_postgres::Client, pipeline: &str, source: String) -> Lease {
     let (lost_tx, lost) = watch::channel(false);
     let pipeline = pipeline.to_owned();
     let probe = tokio::spawn(async move {
@@ -207,5 +247,9 @@ fn hold(client: tokio_postgres::Client, pipeline: &str) -> Lease {
             }
         }
     });
-    Lease { lost, probe }
+    Lease {
+        lost,
+        probe,
+        source,
+    }
 }

@@ -845,7 +845,8 @@ impl<S: Sink> Delivery<'_, S> {
 
     /// Writes a dead letter again, at once and outside the stream (no
     /// checkpoint moves), answering the replay with the sink's answer.
-    /// False: the drain deadline passed first.
+    /// False: the drain deadline passed first, or another host took the
+    /// sink over.
     async fn replay<F: Future<Output = ()>>(
         &mut self,
         replay: Replay,
@@ -866,14 +867,21 @@ impl<S: Sink> Delivery<'_, S> {
                 .bytes_written
                 .store(self.sink.bytes_written(), Ordering::Relaxed);
         }
+        let fenced = matches!(&result, Err(err) if err.is_fenced());
+        if let Err(err) = &result
+            && fenced
+        {
+            self.overtaken(err);
+        }
         let _ = replay.done.send(result);
-        true
+        !fenced
     }
 
     /// Writes a group as one. When that fails, its batches go back to the
     /// front of the queue to be written one at a time, each with its own
     /// retries and `on_error`. False: the drain deadline passed during the
-    /// write (nothing of the group is acknowledged).
+    /// write, or another host took the sink over (nothing of the group is
+    /// acknowledged).
     async fn write_group<F: Future<Output = ()>>(
         &mut self,
         group: Vec<Transformed>,
@@ -889,6 +897,10 @@ impl<S: Sink> Delivery<'_, S> {
         };
         match result {
             Ok(()) => self.written(&group, &receipts),
+            Err(err) if err.is_fenced() => {
+                self.overtaken(&err);
+                return false;
+            }
             Err(err) => {
                 self.counters.sink_retries.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(pipeline = %self.config.name, error = %err, batches = group.len(), "group write failed; writing its batches one at a time");
@@ -937,6 +949,10 @@ impl<S: Sink> Delivery<'_, S> {
                     self.counters.sink_retries.fetch_add(1, Ordering::Relaxed);
                     let wait = backoff.next_wait();
                     tracing::warn!(pipeline = %name, error = %err, retry_in = ?wait, "sink write failed; retrying");
+                    self.counters.record_error(format!(
+                        "sink (retrying in {:.1} s): {err}",
+                        wait.as_secs_f64()
+                    ));
                     let stop = tokio::select! {
                         biased;
                         _ = shutdown.as_mut(), if !self.drain.began() => true,
@@ -952,8 +968,7 @@ impl<S: Sink> Delivery<'_, S> {
                     return Ok(false);
                 }
                 Err(err) if err.is_fenced() => {
-                    tracing::warn!(pipeline = %name, reason = %err, "another host took over the sink; stopping");
-                    self.counters.record_error(format!("sink: {err}"));
+                    self.overtaken(&err);
                     return Ok(false);
                 }
                 Err(err) => break err,
@@ -973,6 +988,14 @@ impl<S: Sink> Delivery<'_, S> {
             self.feedback.ack(&txn);
         }
         Ok(true)
+    }
+
+    /// Another host took the sink over (`SinkError::Fenced`): said in the
+    /// log and the last error; the pipeline stops, acknowledging nothing
+    /// more, and its supervisor stands it by.
+    fn overtaken(&self, err: &SinkError) {
+        tracing::warn!(pipeline = %self.config.name, reason = %err, "another host took over the sink; stopping");
+        self.counters.record_error(format!("sink: {err}"));
     }
 
     /// Counts `batches` as written and acknowledges each whose receipt

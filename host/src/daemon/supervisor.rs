@@ -268,6 +268,9 @@ async fn supervise(
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), PipelineError> {
     let mut pause = control.pause.subscribe();
+    // When another host last claimed the sink while this one still held
+    // the lock: see `contested`.
+    let mut overtaken_holding: Option<Instant> = None;
     loop {
         if *pause.borrow() {
             control.set_state(PipelineState::Paused);
@@ -359,7 +362,9 @@ async fn supervise(
             // pause as asked rather than fail.
             let interrupted = matches!(err, PipelineError::DrainTimeout { .. })
                 && !*stop.borrow()
-                && (lease.as_ref().is_some_and(|l| l.is_lost()) || *pause.borrow());
+                && (lease.as_ref().is_some_and(|l| l.is_lost())
+                    || sink.overtaken()
+                    || *pause.borrow());
             control.stats.record_error(err.to_string());
             if !interrupted {
                 control.set_state(PipelineState::Failed);
@@ -372,6 +377,15 @@ async fn supervise(
             // Another host claimed the target since: it leads, whatever
             // this host's lock session says. Let go of the lock and stand
             // by like any host that lost it.
+            if let Some(held) = lease.as_ref().filter(|l| !l.is_lost()) {
+                if overtaken_holding.is_some_and(|at| at.elapsed() < CONTESTED_WITHIN) {
+                    let err = contested(&config, held);
+                    control.stats.record_error(err.to_string());
+                    control.set_state(PipelineState::Failed);
+                    return Err(err);
+                }
+                overtaken_holding = Some(Instant::now());
+            }
             tracing::warn!(pipeline = %config.name, "another host took over the sink: standing by");
         }
         if (overtaken || lease.as_ref().is_some_and(|l| l.is_lost())) && !*stop.borrow() {
@@ -386,6 +400,24 @@ async fn supervise(
             return Ok(());
         }
     }
+}
+
+/// Overtaken twice within this while holding the lock: not a host of this
+/// pipeline that froze (that happens once, and it then stands by), but
+/// another source claiming the same fence.
+const CONTESTED_WITHIN: Duration = Duration::from_secs(60);
+
+/// The error of a fence that two sources claim (see `CONTESTED_WITHIN`).
+fn contested(config: &PipelineConfig, lease: &super::leader::Lease) -> PipelineError {
+    let holder = lease.holder_key(&config.source.slot);
+    PipelineError::Sink(crate::sink::SinkError::definite(format!(
+        "the sink's fence {holder} (the source's system identifier and the slot) was claimed \
+         twice within {}s by a host that does not hold this pipeline's leader lock, while this \
+         host held it: another source writes into the same target under the same fence (a \
+         clone of this source, which keeps its system identifier, with a slot of the same \
+         name). Give one of them another slot name (source.slot) and start it again",
+        CONTESTED_WITHIN.as_secs()
+    )))
 }
 
 /// Claims the sink for this host, which just took the leader lock
@@ -403,13 +435,14 @@ async fn take_over(
 ) -> Result<bool, PipelineError> {
     let (mut stop, mut pause) = (stop.clone(), pause.clone());
     let mut backoff = crate::retry::Backoff::new(config.sink_retry_initial, config.sink_retry_max);
+    let holder = lease.holder_key(&config.source.slot);
     loop {
         let claimed = tokio::select! {
             biased;
             _ = stop.wait_for(|s| *s) => return Ok(false),
             _ = pause.wait_for(|p| *p) => return Ok(false),
             _ = lease.lost() => return Ok(false),
-            claimed = sink.take_over(&config.source.slot) => claimed,
+            claimed = sink.take_over(&holder) => claimed,
         };
         match claimed {
             Ok(()) => return Ok(true),

@@ -126,13 +126,14 @@ pub trait Sink: Send {
     }
 
     /// Claims the destination for this host, which just took the leader
-    /// lock of the pipeline whose slot is `slot` (`docs/scaling.md`): from
-    /// the moment this returns, writes of any host that claimed it before
-    /// are refused ([`SinkError::Fenced`]), and a write of this host is
-    /// refused once another claims it after. Called before the slot is
-    /// read. The default claims nothing: such a sink is not fenced.
-    fn take_over(&mut self, slot: &str) -> impl Future<Output = Result<(), SinkError>> + Send {
-        let _ = slot;
+    /// lock of the pipeline that `holder` names (the source's system
+    /// identifier and the slot, `docs/scaling.md`): from the moment this
+    /// returns, writes of any host that claimed it before are refused
+    /// ([`SinkError::Fenced`]), and a write of this host is refused once
+    /// another claims it after. Called before the slot is read. The
+    /// default claims nothing: such a sink is not fenced.
+    fn take_over(&mut self, holder: &str) -> impl Future<Output = Result<(), SinkError>> + Send {
+        let _ = holder;
         async { Ok(()) }
     }
 
@@ -163,8 +164,8 @@ impl<S: Sink> Sink for &mut S {
         (**self).abandon()
     }
 
-    fn take_over(&mut self, slot: &str) -> impl Future<Output = Result<(), SinkError>> + Send {
-        (**self).take_over(slot)
+    fn take_over(&mut self, holder: &str) -> impl Future<Output = Result<(), SinkError>> + Send {
+        (**self).take_over(holder)
     }
 
     fn overtaken(&self) -> bool {
@@ -228,9 +229,9 @@ impl Sink for AnySink {
         }
     }
 
-    async fn take_over(&mut self, slot: &str) -> Result<(), SinkError> {
+    async fn take_over(&mut self, holder: &str) -> Result<(), SinkError> {
         match self {
-            AnySink::Postgres(sink) => sink.take_over(slot).await,
+            AnySink::Postgres(sink) => sink.take_over(holder).await,
             AnySink::Stdout(_) | AnySink::File(_) | AnySink::Http(_) | AnySink::Nats(_) => Ok(()),
         }
     }

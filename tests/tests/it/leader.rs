@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use datum_tests::{cluster, free_port};
+use datum_tests::{cluster, connect, free_port};
 use serde_json::Value as Json;
 
 use crate::run::{Host, temp_dir};
@@ -484,7 +484,7 @@ async fn a_late_write_of_a_host_that_lost_the_lock_is_refused_after_the_takeover
     let (src_url, dst_url) = (pg.conninfo("src"), pg.conninfo("dst"));
     let a_url = dst_url.replace("user=postgres", "user=late_writer");
     assert!(a_url.contains("user=late_writer"), "{a_url}");
-    let mut a = Machine::with("late-a", &src_url, &a_url, "drain_timeout = \"90s\"");
+    let mut a = Machine::with("late-a", &src_url, &a_url, "drain_timeout = \"180s\"");
     a.wait_running().await;
     let mut b = Machine::new("late-b", &src_url, &dst_url);
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -546,10 +546,20 @@ async fn a_late_write_of_a_host_that_lost_the_lock_is_refused_after_the_takeover
         a.log()
     );
 
-    // A reaches the target again, with its write of v = 1 still to do.
+    // A reaches the target again, with its write of v = 1 still to do; its
+    // next retry comes within its back-off (at most 30 s), well inside its
+    // drain_timeout.
     dst.batch_execute("ALTER ROLE late_writer CONNECTION LIMIT -1")
         .await
         .expect("let a in");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !a.log().contains("another host took over the target") {
+        if value(&dst, 1).await == Some(1) {
+            panic!("a's late write took the row back:\n{}", a.log());
+        }
+        assert!(Instant::now() < deadline, "a never wrote:\n{}", a.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let deadline = Instant::now() + Duration::from_secs(60);
     while state(a.port).await.as_deref() != Some("standby") {
         assert!(
@@ -559,18 +569,7 @@ async fn a_late_write_of_a_host_that_lost_the_lock_is_refused_after_the_takeover
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(
-        value(&dst, 1).await,
-        Some(2),
-        "a's late write took the row back:\n{}",
-        a.log()
-    );
-    assert!(
-        a.log().contains("another host took over the target"),
-        "{}",
-        a.log()
-    );
+    assert_eq!(value(&dst, 1).await, Some(2), "{}", a.log());
     src.batch_execute("UPDATE t SET v = 3 WHERE id = 2")
         .await
         .expect("change");
@@ -587,7 +586,8 @@ async fn a_late_write_of_a_host_that_lost_the_lock_is_refused_after_the_takeover
 /// target, which the standby's claim waits for; the target ends that
 /// host's session once its transaction has sat idle for 10 s, so the
 /// standby takes over and streams, and the thawed host's retry is
-/// refused.
+/// refused. (The standby takes the lock once the source ends the frozen
+/// host's lock session: `idle_session_timeout`, PostgreSQL 14 and later.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_frozen_inside_a_write_does_not_hold_the_standby_up() {
     use nix::sys::signal::{Signal, kill};
@@ -690,10 +690,169 @@ async fn a_target_without_the_fence_table_says_how_to_make_it() {
     assert!(!status.success(), "{log}");
     for needed in [
         "permission denied for schema public",
-        r#"CREATE TABLE "public"."datum_fence" (slot text PRIMARY KEY"#,
+        r#"CREATE TABLE "public"."datum_fence" (holder text PRIMARY KEY"#,
         "GRANT SELECT, INSERT, UPDATE",
     ] {
         assert!(log.contains(needed), "{needed}:\n{log}");
     }
+    let _ = std::fs::remove_dir_all(&a.dir);
+}
+
+/// Two sources with a pipeline alike (same name, same slot name: one
+/// configuration for two shards), each with its leader lock, writing into
+/// one target. The fence is keyed by the source's system identifier and
+/// the slot's name, so sources made apart never share it; these two are
+/// copies of one cluster (the harness copies a template, as a shard restored
+/// from another's base backup is), which keep its identifier. Each host's
+/// claim then refused the other's writes, over and over: now one of them
+/// stops with an error that says to give it another slot name, and with
+/// that both stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_cloned_sources_with_the_same_slot_name_are_told_apart_by_the_slot() {
+    let pg = cluster();
+    let (src, dst) = two_databases(&pg).await;
+    same_rows(&src, &dst).await;
+    let other = cluster();
+    connect(&other.conninfo("postgres"))
+        .await
+        .batch_execute("CREATE DATABASE src")
+        .await
+        .expect("database");
+    let src2 = connect(&other.conninfo("src")).await;
+    src2.batch_execute(
+        "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL, note text);
+         INSERT INTO t SELECT g, 0, 'row ' || g FROM generate_series(11, 20) g;",
+    )
+    .await
+    .expect("second source");
+    let id = "SELECT system_identifier FROM pg_control_system()";
+    let ids = (
+        src.query_one(id, &[]).await.expect("id").get::<_, i64>(0),
+        src2.query_one(id, &[]).await.expect("id").get::<_, i64>(0),
+    );
+    assert_eq!(ids.0, ids.1, "the two clusters are copies of one");
+    dst.batch_execute("INSERT INTO t SELECT g, 0, 'row ' || g FROM generate_series(11, 20) g")
+        .await
+        .expect("target");
+    let dst_url = pg.conninfo("dst");
+    let (src_url, src2_url) = (pg.conninfo("src"), other.conninfo("src"));
+    let mut a = Machine::new("shard-a", &src_url, &dst_url);
+    a.wait_running().await;
+    let mut b = Machine::new("shard-b", &src2_url, &dst_url);
+    let told = "another source writes into the same target under the same fence";
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let a_port = a.port;
+    let (failed, kept) = loop {
+        if a.log().contains(told) {
+            break (&mut a, &mut b);
+        }
+        if b.log().contains(told) {
+            break (&mut b, &mut a);
+        }
+        // Writes, which find the fence claimed by the other.
+        for (db, id) in [(&src, 2), (&src2, 12)] {
+            db.batch_execute(&format!("UPDATE t SET v = v + 1 WHERE id = {id}"))
+                .await
+                .expect("change");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "neither stopped:\n{}\n{}",
+            a.log(),
+            b.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let log = failed.log();
+    assert!(log.contains("source.slot"), "{log}");
+    let (status, _) = failed.host.take().expect("the failed host").stop(30);
+    assert!(!status.success(), "{log}");
+    let (source, name) = if failed.port == a_port {
+        (&src_url, "shard-a2")
+    } else {
+        (&src2_url, "shard-b2")
+    };
+    kept.wait_running().await;
+    let mut renamed = Machine::with(name, source, &dst_url, "source.slot = \"datum_other\"");
+    renamed.wait_running().await;
+    let overtaken = |m: &Machine| m.log().matches("another host took over").count();
+    let before = overtaken(kept);
+    for round in 1..=3 {
+        src.batch_execute(&format!("UPDATE t SET v = {round} WHERE id = 1"))
+            .await
+            .expect("change");
+        src2.batch_execute(&format!("UPDATE t SET v = {round} WHERE id = 11"))
+            .await
+            .expect("change");
+        wait_value(&dst, 1, round, kept).await;
+        wait_value(&dst, 11, round, kept).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(overtaken(kept), before, "{}", kept.log());
+    assert_eq!(overtaken(&renamed), 0, "{}", renamed.log());
+    for m in [&*kept, &renamed] {
+        assert_eq!(
+            state(m.port).await.as_deref(),
+            Some("running"),
+            "{}",
+            m.log()
+        );
+    }
+    kept.stop();
+    renamed.stop();
+    for m in [&a, &b, &renamed] {
+        let _ = std::fs::remove_dir_all(&m.dir);
+    }
+}
+
+/// The fence table dropped under a running pipeline with `on_error =
+/// "skip"`: a failed fence check is not the target refusing a batch, so
+/// the change is not skipped; the pipeline waits, saying why, and once the
+/// table is back (without its row, which counts as another host's claim)
+/// the host claims it again and the change arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_fence_table_holds_writes_back_rather_than_skipping_them() {
+    let pg = cluster();
+    let (src, dst) = two_databases(&pg).await;
+    same_rows(&src, &dst).await;
+    let mut a = Machine::with(
+        "fence-dropped",
+        &pg.conninfo("src"),
+        &pg.conninfo("dst"),
+        "on_error = \"skip\"",
+    );
+    a.wait_running().await;
+    dst.batch_execute("DROP TABLE datum_fence")
+        .await
+        .expect("drop");
+    src.batch_execute("UPDATE t SET v = 1 WHERE id = 1")
+        .await
+        .expect("change");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = crate::snapshot::status(a.port).await.expect("status");
+        let error = status["last_error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if error.contains("fence table") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{status}\n{}", a.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(value(&dst, 1).await, Some(0), "{}", a.log());
+    assert!(!a.log().contains("batch skipped"), "{}", a.log());
+    dst.batch_execute(
+        "CREATE TABLE datum_fence (holder text PRIMARY KEY, term bigint NOT NULL, \
+         taken_at timestamptz NOT NULL DEFAULT now())",
+    )
+    .await
+    .expect("create");
+    wait_value(&dst, 1, 1, &a).await;
+    assert!(!a.log().contains("batch skipped"), "{}", a.log());
+    a.wait_running().await;
+    a.stop();
     let _ = std::fs::remove_dir_all(&a.dir);
 }

@@ -70,7 +70,8 @@ pub struct PostgresSink {
 }
 
 /// This host's claim on the target while it leads the pipeline
-/// (`docs/scaling.md`): a row of the fence table, keyed by the slot's name,
+/// (`docs/scaling.md`): a row of the fence table, keyed by the pipeline's
+/// holder key (the source's system identifier and the slot's name),
 /// whose term each host that takes the leader lock raises before it reads
 /// the slot. Every write's transaction first reads that row `FOR SHARE`
 /// and goes on only if the term is still this host's; a host that takes
@@ -80,8 +81,8 @@ pub struct PostgresSink {
 struct Fence {
     /// The fence table, quoted.
     table: String,
-    /// The row's key: the slot's name, the same on every host.
-    slot: String,
+    /// The row's key, the same on every host: `SYSTEMID/SLOT`.
+    holder: String,
     /// The term this host took.
     term: i64,
     /// A write found a newer term: another host took over.
@@ -196,9 +197,9 @@ impl PostgresSink {
         .sql()
     }
 
-    /// Raises the fence row's term of `slot`, creating the table when it
+    /// Raises the fence row's term of `holder`, creating the table when it
     /// is missing; see [`Fence`].
-    async fn claim(&mut self, slot: &str) -> Result<i64, SinkError> {
+    async fn claim(&mut self, holder: &str) -> Result<i64, SinkError> {
         let table = self.fence_table();
         let client = self
             .client
@@ -211,7 +212,7 @@ impl PostgresSink {
                 message.push_str(&format!(
                     "; a pipeline with source.leader_lock writes through a fence table: \
                      create it, or let the sink's user create it, with CREATE TABLE {table} \
-                     (slot text PRIMARY KEY, term bigint NOT NULL, taken_at timestamptz NOT \
+                     (holder text PRIMARY KEY, term bigint NOT NULL, taken_at timestamptz NOT \
                      NULL DEFAULT now()) and GRANT SELECT, INSERT, UPDATE on it to the sink's \
                      user"
                 ));
@@ -226,11 +227,21 @@ impl PostgresSink {
         if !exists {
             client
                 .batch_execute(&format!(
-                    "CREATE TABLE IF NOT EXISTS {table} (slot text PRIMARY KEY, \
+                    "CREATE TABLE IF NOT EXISTS {table} (holder text PRIMARY KEY, \
                      term bigint NOT NULL, taken_at timestamptz NOT NULL DEFAULT now())"
                 ))
                 .await
-                .map_err(claim_failed)?;
+                .map_err(|e| {
+                    // Two hosts creating it at once: one of them wins.
+                    let code = e.as_db_error().map(|d| d.code().code());
+                    if matches!(code, Some("23505" | "42P07")) {
+                        SinkError::transient(format!(
+                            "another session created {table} at the same moment; trying again"
+                        ))
+                    } else {
+                        claim_failed(e)
+                    }
+                })?;
         }
         let tx = client.transaction().await.map_err(claim_failed)?;
         tx.batch_execute(&format!("SET LOCAL lock_timeout = '{TAKE_OVER_WAIT}'"))
@@ -239,11 +250,11 @@ impl PostgresSink {
         let term: i64 = tx
             .query_one(
                 &format!(
-                    "INSERT INTO {table} AS f (slot, term) VALUES ($1, 1) \
-                     ON CONFLICT (slot) DO UPDATE SET term = f.term + 1, taken_at = now() \
+                    "INSERT INTO {table} AS f (holder, term) VALUES ($1, 1) \
+                     ON CONFLICT (holder) DO UPDATE SET term = f.term + 1, taken_at = now() \
                      RETURNING term"
                 ),
-                &[&slot],
+                &[&holder],
             )
             .await
             .and_then(|row| row.try_get(0))
@@ -251,7 +262,7 @@ impl PostgresSink {
                 if e.as_db_error().map(|d| d.code().code()) == Some("55P03") {
                     SinkError::transient(format!(
                         "the host that led before still has a write open on the target \
-                         (it holds {table}'s row of slot {slot}); waiting for it to end"
+                         (it holds {table}'s row {holder}); waiting for it to end"
                     ))
                 } else {
                     claim_failed(e)
@@ -290,20 +301,20 @@ impl PostgresSink {
                 None => {
                     let check = tx
                         .prepare(&format!(
-                            "SELECT term FROM {} WHERE slot = $1 FOR SHARE",
+                            "SELECT term FROM {} WHERE holder = $1 FOR SHARE",
                             fence.table
                         ))
                         .await
-                        .map_err(|e| failure(e, "checking the fence table", None))?;
+                        .map_err(fence_failure)?;
                     self.fence_check = Some(check.clone());
                     check
                 }
             };
             let term: Option<i64> = tx
-                .query_opt(&check, &[&fence.slot])
+                .query_opt(&check, &[&fence.holder])
                 .await
                 .and_then(|row| row.map(|row| row.try_get(0)).transpose())
-                .map_err(|e| failure(e, "checking the fence table", None))?;
+                .map_err(fence_failure)?;
             if term != Some(fence.term) {
                 fence.overtaken = true;
                 let now = term.map_or_else(|| "none".to_owned(), |t| t.to_string());
@@ -496,18 +507,20 @@ impl Sink for PostgresSink {
                     self.leave_session();
                 }
                 // A person may fix the target (add a primary key) before
-                // the batch comes again: look the keys up afresh.
+                // the batch comes again: look the keys up afresh, and
+                // prepare the fence check again.
                 self.primary_keys.clear();
+                self.fence_check = None;
                 Err(error)
             }
         }
     }
 
-    async fn take_over(&mut self, slot: &str) -> Result<(), SinkError> {
+    async fn take_over(&mut self, holder: &str) -> Result<(), SinkError> {
         if self.client.as_ref().is_none_or(Client::is_closed) {
             self.reconnect().await?;
         }
-        let claimed = self.claim(slot).await;
+        let claimed = self.claim(holder).await;
         let term = match claimed {
             Ok(term) => term,
             Err(err) => {
@@ -517,10 +530,10 @@ impl Sink for PostgresSink {
                 return Err(err);
             }
         };
-        tracing::info!(target = %target_name(&self.info), slot = %slot, term, "claimed the target: writes of hosts that led before are refused");
+        tracing::info!(target = %target_name(&self.info), holder = %holder, term, "claimed the target: writes of hosts that led before are refused");
         self.fence = Some(Fence {
             table: self.fence_table(),
-            slot: slot.to_owned(),
+            holder: holder.to_owned(),
             term,
             overtaken: false,
         });
@@ -576,6 +589,20 @@ impl From<SinkError> for Failure {
     fn from(error: SinkError) -> Failure {
         Failure { error, lost: false }
     }
+}
+
+/// A failed fence check: never a refusal of the batch (which `on_error`
+/// could skip, acknowledging it unwritten), but a wait until the fence can
+/// be read again (a person restores the table or the grant).
+fn fence_failure(err: tokio_postgres::Error) -> Failure {
+    let mut failed = failure(err, "checking the fence table", None);
+    if let SinkError::Refused(message) = &failed.error {
+        failed.error = SinkError::transient(format!(
+            "{message}; a pipeline with source.leader_lock writes only once the fence table \
+             says this host leads: restore the table or the sink's SELECT and UPDATE on it"
+        ));
+    }
+    failed
 }
 
 /// Classifies a target error. `table` names the target table the statement
