@@ -91,11 +91,35 @@ impl Machine {
 
     /// Waits until the host streams.
     async fn wait_running(&self) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while state(self.port).await.as_deref() != Some("running") {
-            assert!(Instant::now() < deadline, "not streaming:\n{}", self.log());
+        self.wait_state("running", 60).await;
+    }
+
+    /// Waits (`secs` at most) until the pipeline's state is `want`.
+    async fn wait_state(&self, want: &str, secs: u64) {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while state(self.port).await.as_deref() != Some(want) {
+            assert!(
+                Instant::now() < deadline,
+                "not {want} after {secs} s:\n{}",
+                self.log()
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Host `name`-a streaming from `src` into `a_dst`, and `name`-b
+    /// standing by, with `b_dst`.
+    async fn leader_and_standby(
+        name: &str,
+        src: &str,
+        (a_dst, a_extra): (&str, &str),
+        b_dst: &str,
+    ) -> (Machine, Machine) {
+        let a = Machine::with(&format!("{name}-a"), src, a_dst, a_extra);
+        a.wait_running().await;
+        let b = Machine::new(&format!("{name}-b"), src, b_dst);
+        b.wait_state("standby", 30).await;
+        (a, b)
     }
 
     fn restart(&mut self) {
@@ -412,49 +436,59 @@ async fn a_frozen_leader_releases_the_lock_and_the_standby_takes_over() {
     let (src, dst) = two_databases(&pg).await;
     same_rows(&src, &dst).await;
     let (src_url, dst_url) = (pg.conninfo("src"), pg.conninfo("dst"));
-    let mut a = Machine::new("frozen-a", &src_url, &dst_url);
-    a.wait_running().await;
-    let b = Machine::new("frozen-b", &src_url, &dst_url);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while state(b.port).await.as_deref() != Some("standby") {
-        assert!(Instant::now() < deadline, "b never stood by:\n{}", b.log());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let pid = nix::unistd::Pid::from_raw(a.host.as_ref().expect("a").pid() as i32);
-    kill(pid, Signal::SIGSTOP).expect("SIGSTOP");
+    let (a, b) = Machine::leader_and_standby("frozen", &src_url, (&dst_url, ""), &dst_url).await;
+    let pid = freeze(&a);
     let frozen = Instant::now();
     // The session's idle limit (10 s) and a second's retry of the standby,
     // with room for a slow machine.
-    let deadline = frozen + Duration::from_secs(40);
-    while state(b.port).await.as_deref() != Some("running") {
-        if Instant::now() > deadline {
-            let _ = kill(pid, Signal::SIGCONT);
-            panic!("the standby never took over:\n{}", b.log());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_takeover(&b, pid, 40).await;
     let took = frozen.elapsed();
     src.batch_execute("UPDATE t SET v = 1 WHERE id = 1")
         .await
         .expect("change");
     wait_value(&dst, 1, 1, &b).await;
     kill(pid, Signal::SIGCONT).expect("SIGCONT");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while state(a.port).await.as_deref() != Some("standby") {
-        assert!(
-            Instant::now() < deadline,
-            "the thawed host did not stand by:\n{}",
-            a.log()
-        );
+    a.wait_state("standby", 30).await;
+    assert!(took < Duration::from_secs(30), "took over after {took:?}");
+    ends_equal(&src, &dst, a, b).await;
+}
+
+/// Freezes the host (SIGSTOP), as a hung process or a paused virtual
+/// machine is; its pid, to thaw it with SIGCONT.
+fn freeze(m: &Machine) -> nix::unistd::Pid {
+    let pid = nix::unistd::Pid::from_raw(m.host.as_ref().expect("a host").pid() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
+    pid
+}
+
+/// Waits (`secs` at most) until `standby` streams; thaws `frozen` before
+/// failing.
+async fn wait_takeover(standby: &Machine, frozen: nix::unistd::Pid, secs: u64) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while state(standby.port).await.as_deref() != Some("running") {
+        if Instant::now() > deadline {
+            let _ = nix::sys::signal::kill(frozen, nix::sys::signal::Signal::SIGCONT);
+            panic!("the standby never took over:\n{}", standby.log());
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    src.batch_execute("UPDATE t SET v = 2 WHERE id = 2")
+}
+
+/// Ends a test of two hosts: one more change, after which the target,
+/// written by `b`, equals the source; both stop cleanly.
+async fn ends_equal(
+    src: &tokio_postgres::Client,
+    dst: &tokio_postgres::Client,
+    mut a: Machine,
+    mut b: Machine,
+) {
+    src.batch_execute("UPDATE t SET v = v + 10 WHERE id = 2")
         .await
         .expect("change");
     let host = b.host.as_ref().expect("b");
-    wait_equal(&src, &dst, "SELECT * FROM t ORDER BY id", host, 60).await;
-    assert!(took < Duration::from_secs(30), "took over after {took:?}");
+    wait_equal(src, dst, "SELECT * FROM t ORDER BY id", host, 60).await;
     a.stop();
+    b.stop();
     for m in [&a, &b] {
         let _ = std::fs::remove_dir_all(&m.dir);
     }
@@ -484,14 +518,13 @@ async fn a_late_write_of_a_host_that_lost_the_lock_is_refused_after_the_takeover
     let (src_url, dst_url) = (pg.conninfo("src"), pg.conninfo("dst"));
     let a_url = dst_url.replace("user=postgres", "user=late_writer");
     assert!(a_url.contains("user=late_writer"), "{a_url}");
-    let mut a = Machine::with("late-a", &src_url, &a_url, "drain_timeout = \"180s\"");
-    a.wait_running().await;
-    let mut b = Machine::new("late-b", &src_url, &dst_url);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while state(b.port).await.as_deref() != Some("standby") {
-        assert!(Instant::now() < deadline, "b never stood by:\n{}", b.log());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (a, b) = Machine::leader_and_standby(
+        "late",
+        &src_url,
+        (&a_url, "drain_timeout = \"180s\""),
+        &dst_url,
+    )
+    .await;
 
     // A's write of v = 1 waits for the table lock.
     let locker = crate::faults::lock_t(&dst_url).await;
@@ -560,26 +593,9 @@ async fn a_late_write_of_a_host_that_lost_the_lock_is_refused_after_the_takeover
         assert!(Instant::now() < deadline, "a never wrote:\n{}", a.log());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while state(a.port).await.as_deref() != Some("standby") {
-        assert!(
-            Instant::now() < deadline,
-            "a did not stand by:\n{}",
-            a.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    a.wait_state("standby", 60).await;
     assert_eq!(value(&dst, 1).await, Some(2), "{}", a.log());
-    src.batch_execute("UPDATE t SET v = 3 WHERE id = 2")
-        .await
-        .expect("change");
-    let host = b.host.as_ref().expect("b");
-    wait_equal(&src, &dst, "SELECT * FROM t ORDER BY id", host, 60).await;
-    a.stop();
-    b.stop();
-    for m in [&a, &b] {
-        let _ = std::fs::remove_dir_all(&m.dir);
-    }
+    ends_equal(&src, &dst, a, b).await;
 }
 
 /// A host frozen in the middle of a write holds the fence row of the
@@ -595,14 +611,7 @@ async fn a_leader_frozen_inside_a_write_does_not_hold_the_standby_up() {
     let (src, dst) = two_databases(&pg).await;
     same_rows(&src, &dst).await;
     let (src_url, dst_url) = (pg.conninfo("src"), pg.conninfo("dst"));
-    let mut a = Machine::new("inside-a", &src_url, &dst_url);
-    a.wait_running().await;
-    let mut b = Machine::new("inside-b", &src_url, &dst_url);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while state(b.port).await.as_deref() != Some("standby") {
-        assert!(Instant::now() < deadline, "b never stood by:\n{}", b.log());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (a, b) = Machine::leader_and_standby("inside", &src_url, (&dst_url, ""), &dst_url).await;
     let locker = crate::faults::lock_t(&dst_url).await;
     src.batch_execute("UPDATE t SET v = 1 WHERE id = 1")
         .await
@@ -620,46 +629,20 @@ async fn a_leader_frozen_inside_a_write_does_not_hold_the_standby_up() {
         assert!(Instant::now() < deadline, "a never wrote:\n{}", a.log());
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let pid = nix::unistd::Pid::from_raw(a.host.as_ref().expect("a").pid() as i32);
-    kill(pid, Signal::SIGSTOP).expect("SIGSTOP");
+    let pid = freeze(&a);
     // A's statements now run and its transaction waits, idle, for a
     // COMMIT that a frozen host does not send.
     locker.batch_execute("ROLLBACK").await.expect("unlock");
-    let frozen = Instant::now();
-    let deadline = frozen + Duration::from_secs(45);
-    while state(b.port).await.as_deref() != Some("running") {
-        if Instant::now() > deadline {
-            let _ = kill(pid, Signal::SIGCONT);
-            panic!("the standby never took over:\n{}", b.log());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_takeover(&b, pid, 45).await;
     src.batch_execute("UPDATE t SET v = 2 WHERE id = 1")
         .await
         .expect("change");
     wait_value(&dst, 1, 2, &b).await;
     kill(pid, Signal::SIGCONT).expect("SIGCONT");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while state(a.port).await.as_deref() != Some("standby") {
-        assert!(
-            Instant::now() < deadline,
-            "the thawed host did not stand by:\n{}",
-            a.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    a.wait_state("standby", 60).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(value(&dst, 1).await, Some(2), "{}", a.log());
-    src.batch_execute("UPDATE t SET v = 3 WHERE id = 2")
-        .await
-        .expect("change");
-    let host = b.host.as_ref().expect("b");
-    wait_equal(&src, &dst, "SELECT * FROM t ORDER BY id", host, 60).await;
-    a.stop();
-    b.stop();
-    for m in [&a, &b] {
-        let _ = std::fs::remove_dir_all(&m.dir);
-    }
+    ends_equal(&src, &dst, a, b).await;
 }
 
 /// A target where the sink's user may not create the fence table, and
