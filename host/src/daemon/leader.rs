@@ -32,6 +32,8 @@ const TRY_EVERY: Duration = Duration::from_secs(1);
 pub(crate) struct Lease {
     lost: watch::Receiver<bool>,
     probe: tokio::task::JoinHandle<()>,
+    /// Asks the probe to probe now; it answers whether the lock is held.
+    now: tokio::sync::mpsc::Sender<tokio::sync::oneshot::Sender<bool>>,
     /// The source's system identifier (the same on every host, and on a
     /// standby promoted in the source's place).
     source: String,
@@ -53,6 +55,19 @@ impl Lease {
     /// Whether the lock connection failed.
     pub(crate) fn is_lost(&self) -> bool {
         *self.lost.borrow()
+    }
+
+    /// Whether the lock is still held, asked of the server now rather than
+    /// as of the last probe.
+    pub(crate) async fn confirm(&self) -> bool {
+        if self.is_lost() {
+            return false;
+        }
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        if self.now.send(answer).await.is_err() {
+            return false;
+        }
+        answered.await.unwrap_or(false)
     }
 }
 
@@ -160,27 +175,26 @@ pub(crate) async fn acquire(
                 }
             }
         };
-        let mut bounded = false;
+        // Read before the lock is first tried: a failure never holds it.
+        let mut source = None;
         loop {
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&slot];
             let attempt = async {
-                if !bounded {
-                    bound_session(&client)
-                        .await
-                        .map_err(|e| format!("setting the lock session's timeouts: {e}"))?;
-                    bounded = true;
-                }
+                let source = match &source {
+                    Some(source) => source,
+                    None => {
+                        bound_session(&client)
+                            .await
+                            .map_err(|e| format!("setting the lock session's timeouts: {e}"))?;
+                        source.insert(system_identifier(&client).await?)
+                    }
+                };
                 let taken = client
                     .query_one(TRY_LOCK, &params)
                     .await
                     .and_then(|r| r.try_get::<_, bool>(0))
                     .map_err(|e| crate::pg::error_chain(&e))?;
-                if !taken {
-                    return Ok(None);
-                }
-                // On failure the connection is dropped, and the lock
-                // with it.
-                system_identifier(&client).await.map(Some)
+                Ok::<_, String>(taken.then(|| source.clone()))
             };
             let taken = tokio::select! {
                 biased;
@@ -230,19 +244,31 @@ pub(crate) async fn acquire(
 /// lost.
 fn hold(client: tokio_postgres::Client, pipeline: &str, source: String) -> Lease {
     let (lost_tx, lost) = watch::channel(false);
+    let (now, mut asked) = tokio::sync::mpsc::channel::<tokio::sync::oneshot::Sender<bool>>(1);
     let pipeline = pipeline.to_owned();
     let probe = tokio::spawn(async move {
         loop {
-            tokio::time::sleep(PROBE_EVERY).await;
+            let answer = tokio::select! {
+                _ = tokio::time::sleep(PROBE_EVERY) => None,
+                Some(answer) = asked.recv() => Some(answer),
+            };
+            // A session lock lasts as long as its session: the session
+            // answering is the lock held.
             let alive = !client.is_closed()
                 && matches!(
                     tokio::time::timeout(PROBE_TIMEOUT, client.simple_query("SELECT 1")).await,
                     Ok(Ok(_))
                 );
+            if let Some(answer) = answer {
+                let _ = answer.send(alive);
+            }
             if !alive {
                 tracing::warn!(pipeline = %pipeline, "lost the leader lock's connection: stopping to stand by");
                 let _ = lost_tx.send(true);
                 // Keep the client until the lease is dropped.
+                while let Some(answer) = asked.recv().await {
+                    let _ = answer.send(false);
+                }
                 std::future::pending::<()>().await;
             }
         }
@@ -250,6 +276,7 @@ fn hold(client: tokio_postgres::Client, pipeline: &str, source: String) -> Lease
     Lease {
         lost,
         probe,
+        now,
         source,
     }
 }

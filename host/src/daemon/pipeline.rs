@@ -926,6 +926,7 @@ impl<S: Sink> Delivery<'_, S> {
     ) -> Result<bool, PipelineError> {
         let name = &self.config.name;
         let mut backoff = Backoff::new(self.config.sink_retry_initial, self.config.sink_retry_max);
+        let mut announced = false;
         let refused = loop {
             let write = self.sink.write(&transformed);
             let Some(result) = watched(
@@ -949,10 +950,13 @@ impl<S: Sink> Delivery<'_, S> {
                     self.counters.sink_retries.fetch_add(1, Ordering::Relaxed);
                     let wait = backoff.next_wait();
                     tracing::warn!(pipeline = %name, error = %err, retry_in = ?wait, "sink write failed; retrying");
-                    self.counters.record_error(format!(
-                        "sink (retrying in {:.1} s): {err}",
-                        wait.as_secs_f64()
-                    ));
+                    if !announced {
+                        // Once per write, so that an outage's retries do
+                        // not bury what came before it.
+                        self.counters
+                            .record_error(format!("sink (retrying): {err}"));
+                        announced = true;
+                    }
                     let stop = tokio::select! {
                         biased;
                         _ = shutdown.as_mut(), if !self.drain.began() => true,

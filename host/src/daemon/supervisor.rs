@@ -271,8 +271,13 @@ async fn supervise(
     // When another host last claimed the sink while this one still held
     // the lock: see `contested`.
     let mut overtaken_holding: Option<Instant> = None;
+    // The lock, kept for the next run when this host was overtaken while
+    // it still held it (it claims the sink again at once).
+    let mut kept: Option<super::leader::Lease> = None;
     loop {
         if *pause.borrow() {
+            // A paused host leaves the lead to a standby.
+            kept = None;
             control.set_state(PipelineState::Paused);
             tracing::info!("paused");
             tokio::select! {
@@ -288,8 +293,8 @@ async fn supervise(
             control.set_state(PipelineState::Stopped);
             return Ok(());
         }
-        let mut lease = None;
-        if config.leader_lock {
+        let mut lease = kept.take();
+        if config.leader_lock && lease.is_none() {
             control.set_state(PipelineState::Standby);
             let (mut stop_rx, mut pause_rx) = (stop.clone(), pause.clone());
             let cancel = async move {
@@ -307,11 +312,13 @@ async fn supervise(
                 cancel,
             )
             .await;
-            let Some(held) = lease.as_mut() else {
+            if lease.is_none() {
                 // Stopped or paused while standing by: the loop's top says
                 // which.
                 continue;
-            };
+            }
+        }
+        if let Some(held) = lease.as_mut() {
             // Before the slot is read: the target refuses, from here on,
             // the writes of any host that led before.
             control.set_state(PipelineState::Starting);
@@ -374,10 +381,17 @@ async fn supervise(
         }
         let overtaken = sink.overtaken();
         if overtaken && !*stop.borrow() {
-            // Another host claimed the target since: it leads, whatever
-            // this host's lock session says. Let go of the lock and stand
-            // by like any host that lost it.
-            if let Some(held) = lease.as_ref().filter(|l| !l.is_lost()) {
+            // Another host claimed the target since. If this host no
+            // longer holds the lock, that host leads: stand by. If it
+            // still does, no host of this source could claim since, but
+            // one that took the lock before it and froze before claiming
+            // (once), or another source with the same fence (again and
+            // again): claim again at once, and stop the second time.
+            let holding = match lease.as_ref() {
+                Some(held) => held.confirm().await,
+                None => false,
+            };
+            if let Some(held) = lease.as_ref().filter(|_| holding) {
                 if overtaken_holding.is_some_and(|at| at.elapsed() < CONTESTED_WITHIN) {
                     let err = contested(&config, held);
                     control.stats.record_error(err.to_string());
@@ -385,8 +399,14 @@ async fn supervise(
                     return Err(err);
                 }
                 overtaken_holding = Some(Instant::now());
+                tracing::warn!(pipeline = %config.name, "another host claimed the sink while this one holds the leader lock: claiming it again");
+                if !*pause.borrow() {
+                    kept = lease;
+                    continue;
+                }
+            } else {
+                tracing::warn!(pipeline = %config.name, "another host took over the sink: standing by");
             }
-            tracing::warn!(pipeline = %config.name, "another host took over the sink: standing by");
         }
         if (overtaken || lease.as_ref().is_some_and(|l| l.is_lost())) && !*stop.borrow() {
             // Drained and checkpointed after losing the lock: stand by.
@@ -403,20 +423,22 @@ async fn supervise(
 }
 
 /// Overtaken twice within this while holding the lock: not a host of this
-/// pipeline that froze (that happens once, and it then stands by), but
-/// another source claiming the same fence.
-const CONTESTED_WITHIN: Duration = Duration::from_secs(60);
+/// pipeline that froze between taking the lock and claiming the sink
+/// (a moment's window, and that host then stands by), but another source
+/// claiming the same fence, or the fence's row deleted again and again.
+const CONTESTED_WITHIN: Duration = Duration::from_secs(600);
 
 /// The error of a fence that two sources claim (see `CONTESTED_WITHIN`).
 fn contested(config: &PipelineConfig, lease: &super::leader::Lease) -> PipelineError {
     let holder = lease.holder_key(&config.source.slot);
     PipelineError::Sink(crate::sink::SinkError::definite(format!(
         "the sink's fence {holder} (the source's system identifier and the slot) was claimed \
-         twice within {}s by a host that does not hold this pipeline's leader lock, while this \
-         host held it: another source writes into the same target under the same fence (a \
-         clone of this source, which keeps its system identifier, with a slot of the same \
-         name). Give one of them another slot name (source.slot) and start it again",
-        CONTESTED_WITHIN.as_secs()
+         twice within {} minutes by a host that does not hold this pipeline's leader lock, \
+         while this host held it: another source writes into the same target under the same \
+         fence (a clone of this source, which keeps its system identifier, with a slot of the \
+         same name). Give one of them another slot name (source.slot) and start it again; if \
+         it was the fence's row that was deleted, start this pipeline again",
+        CONTESTED_WITHIN.as_secs() / 60
     )))
 }
 

@@ -813,11 +813,8 @@ async fn a_dropped_fence_table_holds_writes_back_rather_than_skipping_them() {
         .expect("change");
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let status = crate::snapshot::status(a.port).await.expect("status");
-        let error = status["last_error"]["message"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
+        let status = crate::snapshot::status(a.port).await.unwrap_or_default();
+        let error = status["last_error"]["message"].as_str().unwrap_or_default();
         if error.contains("fence table") {
             break;
         }
@@ -838,4 +835,47 @@ async fn a_dropped_fence_table_holds_writes_back_rather_than_skipping_them() {
     a.wait_running().await;
     a.stop();
     let _ = std::fs::remove_dir_all(&a.dir);
+}
+
+/// A source where the pipeline's user may not read the system
+/// identifier (which keys the sink's fence): the host stands by, says
+/// what to grant, and never holds the lock meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_that_hides_its_system_identifier_says_what_to_grant() {
+    let pg = cluster();
+    let (src, _dst) = two_databases(&pg).await;
+    src.batch_execute(
+        "CREATE TABLE t (id int PRIMARY KEY);
+         CREATE ROLE hidden LOGIN REPLICATION;
+         GRANT SELECT ON t TO hidden;
+         CREATE PUBLICATION datum_p FOR TABLE t;
+         REVOKE EXECUTE ON FUNCTION pg_control_system() FROM PUBLIC",
+    )
+    .await
+    .expect("role and revoke");
+    let dir = temp_dir("leader-hidden");
+    let source = pg.conninfo("src").replace("user=postgres", "user=hidden");
+    assert!(source.contains("user=hidden"), "{source}");
+    let host = Host::start(
+        &dir,
+        &config(&source, &pg.conninfo("dst"), &dir, free_port()),
+    );
+    let told = "GRANT EXECUTE ON FUNCTION pg_control_system() TO the source's user";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !host.log().contains(told) {
+        let locks: i64 = src
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'",
+                &[],
+            )
+            .await
+            .expect("locks")
+            .get(0);
+        assert_eq!(locks, 0, "{}", host.log());
+        assert!(Instant::now() < deadline, "{}", host.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (status, log) = host.stop(30);
+    assert!(status.success(), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

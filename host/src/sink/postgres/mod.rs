@@ -295,26 +295,84 @@ impl PostgresSink {
             .transaction()
             .await
             .map_err(|e| failure(e, "starting a transaction", None))?;
-        if let Some(fence) = &mut self.fence {
-            let check = match &self.fence_check {
-                Some(check) => check.clone(),
-                None => {
-                    let check = tx
-                        .prepare(&format!(
-                            "SELECT term FROM {} WHERE holder = $1 FOR SHARE",
-                            fence.table
-                        ))
+        // The fence check goes first in the transaction, and its answer
+        // is read beside the batch's statements rather than before them:
+        // no round trip of its own. Nothing is committed before it said
+        // this host still leads.
+        let check = match &self.fence {
+            Some(fence) => {
+                let statement = match &self.fence_check {
+                    Some(check) => check.clone(),
+                    None => {
+                        let check = tx
+                            .prepare(&format!(
+                                "SELECT term FROM {} WHERE holder = $1 FOR SHARE",
+                                fence.table
+                            ))
+                            .await
+                            .map_err(fence_failure)?;
+                        self.fence_check = Some(check.clone());
+                        check
+                    }
+                };
+                Some((statement, fence.holder.clone()))
+            }
+            None => None,
+        };
+        let checked = async {
+            let (statement, holder) = check.as_ref()?;
+            let params: [&(dyn ToSql + Sync); 1] = [holder];
+            Some(
+                tx.query_opt(statement, &params)
+                    .await
+                    .and_then(|row| row.map(|row| row.try_get::<_, i64>(0)).transpose()),
+            )
+        };
+        let statements = &mut self.statements;
+        let applied = async {
+            let mut rest = plan.as_slice();
+            while let Some(first) = rest.first() {
+                if first.simple {
+                    tx.batch_execute(&first.sql)
                         .await
-                        .map_err(fence_failure)?;
-                    self.fence_check = Some(check.clone());
-                    check
+                        .map_err(|e| failure(e, first.doing(), first.target.as_ref()))?;
+                    if first.ddl {
+                        // Statements prepared before know the old columns'
+                        // types: prepare again after a table changed.
+                        statements.clear();
+                    }
+                    rest = &rest[1..];
+                    continue;
                 }
-            };
-            let term: Option<i64> = tx
-                .query_opt(&check, &[&fence.holder])
-                .await
-                .and_then(|row| row.map(|row| row.try_get(0)).transpose())
-                .map_err(fence_failure)?;
+                let run = rest.iter().take(PIPELINE).take_while(|p| !p.simple).count();
+                if statements.len() + run > MAX_STATEMENTS {
+                    // Each is kept by the target's session: forget them all
+                    // (dropping one closes it on the server) rather than
+                    // keep one per statement text ever sent.
+                    statements.clear();
+                }
+                // Prepared here, not before the batch: a statement may name a
+                // column that DDL earlier in this transaction added.
+                for planned in &rest[..run] {
+                    if !statements.contains_key(&planned.sql) {
+                        let statement = tx.prepare(&planned.sql).await.map_err(|e| {
+                            failure(e, "preparing a statement", planned.target.as_ref())
+                        })?;
+                        statements.insert(planned.sql.clone(), statement);
+                    }
+                }
+                pipeline(&tx, statements, &rest[..run]).await?;
+                rest = &rest[run..];
+            }
+            Ok::<(), Failure>(())
+        };
+        // Polled together, the check first: it is sent first, and neither
+        // answer waits unread behind the other's.
+        let (checked, applied) = both(checked, applied).await;
+        if let (Some(checked), Some(fence)) = (checked, &mut self.fence) {
+            // The check's answer comes before the statements': after a
+            // failed check they only say that the transaction was aborted.
+            let term = checked.map_err(fence_failure)?;
             if term != Some(fence.term) {
                 fence.overtaken = true;
                 let now = term.map_or_else(|| "none".to_owned(), |t| t.to_string());
@@ -327,40 +385,7 @@ impl PostgresSink {
                 ))));
             }
         }
-        let mut rest = plan.as_slice();
-        while let Some(first) = rest.first() {
-            if first.simple {
-                tx.batch_execute(&first.sql)
-                    .await
-                    .map_err(|e| failure(e, first.doing(), first.target.as_ref()))?;
-                if first.ddl {
-                    // Statements prepared before know the old columns'
-                    // types: prepare again after a table changed.
-                    self.statements.clear();
-                }
-                rest = &rest[1..];
-                continue;
-            }
-            let run = rest.iter().take(PIPELINE).take_while(|p| !p.simple).count();
-            if self.statements.len() + run > MAX_STATEMENTS {
-                // Each is kept by the target's session: forget them all
-                // (dropping one closes it on the server) rather than
-                // keep one per statement text ever sent.
-                self.statements.clear();
-            }
-            // Prepared here, not before the batch: a statement may name a
-            // column that DDL earlier in this transaction added.
-            for planned in &rest[..run] {
-                if !self.statements.contains_key(&planned.sql) {
-                    let statement = tx.prepare(&planned.sql).await.map_err(|e| {
-                        failure(e, "preparing a statement", planned.target.as_ref())
-                    })?;
-                    self.statements.insert(planned.sql.clone(), statement);
-                }
-            }
-            pipeline(&tx, &self.statements, &rest[..run]).await?;
-            rest = &rest[run..];
-        }
+        applied?;
         tx.commit()
             .await
             .map_err(|e| failure(e, "committing", None))?;
@@ -423,6 +448,33 @@ impl PostgresSink {
             })
             .map(<[String]>::to_vec))
     }
+}
+
+/// Runs `first` and `second` to completion on this task, polling `first`
+/// first each time; both results.
+async fn both<A: Future, B: Future>(first: A, second: B) -> (A::Output, B::Output) {
+    let (mut first, mut second) = (std::pin::pin!(first), std::pin::pin!(second));
+    let (mut a, mut b) = (None, None);
+    std::future::poll_fn(|cx| {
+        if a.is_none()
+            && let std::task::Poll::Ready(out) = first.as_mut().poll(cx)
+        {
+            a = Some(out);
+        }
+        if b.is_none()
+            && let std::task::Poll::Ready(out) = second.as_mut().poll(cx)
+        {
+            b = Some(out);
+        }
+        match (a.take(), b.take()) {
+            (Some(a), Some(b)) => std::task::Poll::Ready((a, b)),
+            (left, right) => {
+                (a, b) = (left, right);
+                std::task::Poll::Pending
+            }
+        }
+    })
+    .await
 }
 
 /// Statements sent before the first answer is awaited: one round trip per
