@@ -117,9 +117,10 @@ const LOCK_QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 /// hash of the slot's name, the same for every host).
 const TRY_LOCK: &str = "SELECT pg_try_advisory_lock(hashtextextended('datum leader ' || $1, 0))";
 
-/// The source's system identifier, read once the lock is taken. Two
-/// sources can have slots of the same name (a pipeline configured alike
-/// for two shards); their fences in a shared target must not be one.
+/// The source's system identifier, read on each lock connection before
+/// the lock is tried. Two sources can have slots of the same name (a
+/// pipeline configured alike for two shards); their fences in a shared
+/// target must not be one.
 async fn system_identifier(client: &tokio_postgres::Client) -> Result<String, String> {
     client
         .query_one(
@@ -143,11 +144,14 @@ async fn system_identifier(client: &tokio_postgres::Client) -> Result<String, St
 
 /// Waits until this host holds the leader lock of `slot`, retrying a
 /// source it cannot reach with back-off; `on_unreachable` is told why
-/// each attempt to reach it failed. `None`: `cancel` completed first.
+/// each attempt to reach it failed. `identify`: the pipeline's sink is
+/// fenced, so the lease needs the source's system identifier
+/// ([`Lease::holder_key`]). `None`: `cancel` completed first.
 pub(crate) async fn acquire(
     info: &ConnInfo,
     slot: &str,
     pipeline: &str,
+    identify: bool,
     mut on_unreachable: impl FnMut(String),
     cancel: impl Future<Output = ()>,
 ) -> Option<Lease> {
@@ -186,7 +190,11 @@ pub(crate) async fn acquire(
                         bound_session(&client)
                             .await
                             .map_err(|e| format!("setting the lock session's timeouts: {e}"))?;
-                        source.insert(system_identifier(&client).await?)
+                        source.insert(if identify {
+                            system_identifier(&client).await?
+                        } else {
+                            String::new()
+                        })
                     }
                 };
                 let taken = client

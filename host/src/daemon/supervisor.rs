@@ -308,6 +308,7 @@ async fn supervise(
                 &config.source.conninfo,
                 &config.source.slot,
                 &config.name,
+                sink.fenced(),
                 |why| stats.record_error(format!("standby: {why}")),
                 cancel,
             )

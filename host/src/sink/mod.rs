@@ -244,6 +244,13 @@ impl Sink for AnySink {
     }
 }
 
+impl AnySink {
+    /// Whether [`Sink::take_over`] fences this sink (only `postgres`).
+    pub(crate) fn fenced(&self) -> bool {
+        matches!(self, AnySink::Postgres(_))
+    }
+}
+
 /// Opens the sink `spec` names for pipeline `pipeline` (a `postgres` sink
 /// connects to its target). The error says what is wrong with it.
 pub(crate) async fn open(spec: &SinkSpec, pipeline: &str) -> Result<AnySink, String> {

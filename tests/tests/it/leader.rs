@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use datum_tests::{cluster, connect, free_port};
 use serde_json::Value as Json;
 
-use crate::run::{Host, temp_dir};
+use crate::run::{Host, temp_dir, toml_string};
 use crate::snapshot::{two_databases, wait_equal, writer};
 
 /// One machine's configuration: its own state file and admin port, the
@@ -877,5 +877,24 @@ async fn a_source_that_hides_its_system_identifier_says_what_to_grant() {
     }
     let (status, log) = host.stop(30);
     assert!(status.success(), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // A sink that is not fenced does not need it.
+    let dir = temp_dir("leader-hidden-file");
+    let port = free_port();
+    let dst = pg.conninfo("dst");
+    let postgres = format!("{{ type = \"postgres\", url = {} }}", toml_string(&dst));
+    let out = toml_string(dir.join("out.jsonl").to_str().expect("utf-8"));
+    let file = config(&source, &dst, &dir, port)
+        .replace(&postgres, &format!("{{ type = \"file\", path = {out} }}"));
+    assert!(file.contains("type = \"file\""), "{file}");
+    let mut m = Machine {
+        dir: dir.clone(),
+        port,
+        config: file.clone(),
+        host: Some(Host::start(&dir, &file)),
+    };
+    m.wait_running().await;
+    m.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }
