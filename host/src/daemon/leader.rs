@@ -10,6 +10,11 @@
 //! checkpoints) and stands by again: it can no longer know that it is the
 //! only one. The slot itself admits one walsender at a time, so even in the
 //! moment two hosts both believe they lead, only one streams.
+//!
+//! Who writes is the sink's to decide (its fence, `Sink::take_over`): a
+//! lease carries what keys the fence (the source's system identifier, for
+//! a sink that is fenced) and can ask its session, on demand, whether the
+//! lock is still held.
 
 use std::future::Future;
 use std::time::Duration;
