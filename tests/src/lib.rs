@@ -43,6 +43,19 @@ pub async fn rows(client: &tokio_postgres::Client, query: &str) -> Vec<String> {
         .collect()
 }
 
+/// The Prometheus text a host's admin API at `base` (`http://HOST:PORT`)
+/// serves at `/metrics`, asked with `token`.
+pub async fn metrics_text(http: &reqwest::Client, base: &str, token: &str) -> String {
+    http.get(format!("{base}/metrics"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text")
+}
+
 /// Starts a cluster with the default settings, panicking with the harness's
 /// explanation (e.g. which packages to install) if it cannot.
 pub fn cluster() -> Cluster {

@@ -145,16 +145,7 @@ impl Admin {
 
     /// Batches pipeline `p`'s modules have run, as `/metrics` counts them.
     async fn batches_transformed(&self) -> f64 {
-        let text = self
-            .client
-            .get(self.url("/metrics"))
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("metrics text");
+        let text = datum_tests::metrics_text(&self.client, &self.base, TOKEN).await;
         text.lines()
             .find(|l| l.starts_with("datum_transform_seconds_count{"))
             .and_then(|l| l.rsplit(' ').next())

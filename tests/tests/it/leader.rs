@@ -51,6 +51,14 @@ struct Machine {
     host: Option<Host>,
 }
 
+impl Drop for Machine {
+    /// Ends the host (if still running), then removes its directory.
+    fn drop(&mut self) {
+        drop(self.host.take());
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 impl Machine {
     fn new(name: &str, src: &str, dst: &str) -> Machine {
         Machine::with(name, src, dst, "")
@@ -220,9 +228,6 @@ async fn the_active_host_killed_ten_times_hands_over_to_the_standby_and_the_targ
         takeovers.iter().all(|(was, now)| was != now),
         "first {first}, takeovers {takeovers:?}"
     );
-    for m in &machines {
-        let _ = std::fs::remove_dir_all(&m.dir);
-    }
 }
 
 /// The lock's query failing on a connection that works (here: EXECUTE of
@@ -375,7 +380,6 @@ async fn a_host_whose_checkpoint_is_ahead_of_the_shared_slot_resumes_from_the_sl
         log.contains("the slot is behind this host's checkpoint"),
         "{log}"
     );
-    let _ = std::fs::remove_dir_all(&a.dir);
 }
 
 /// `recreate_slot = true` is for a slot that lost changes. Under the
@@ -418,9 +422,6 @@ async fn a_takeover_with_recreate_slot_set_keeps_the_shared_slot() {
         log.contains("taking over the slot at its position"),
         "{log}"
     );
-    for m in [&a, &b] {
-        let _ = std::fs::remove_dir_all(&m.dir);
-    }
 }
 
 /// A holder that freezes (SIGSTOP: a hung process, a paused virtual
@@ -489,9 +490,6 @@ async fn ends_equal(
     wait_equal(src, dst, "SELECT * FROM t ORDER BY id", host, 60).await;
     a.stop();
     b.stop();
-    for m in [&a, &b] {
-        let _ = std::fs::remove_dir_all(&m.dir);
-    }
 }
 
 /// A host that lost its lock session while one of its writes waited on
@@ -678,7 +676,6 @@ async fn a_target_without_the_fence_table_says_how_to_make_it() {
     ] {
         assert!(log.contains(needed), "{needed}:\n{log}");
     }
-    let _ = std::fs::remove_dir_all(&a.dir);
 }
 
 /// Two sources with a pipeline alike (same name, same slot name: one
@@ -783,9 +780,6 @@ async fn two_cloned_sources_with_the_same_slot_name_are_told_apart_by_the_slot()
     }
     kept.stop();
     renamed.stop();
-    for m in [&a, &b, &renamed] {
-        let _ = std::fs::remove_dir_all(&m.dir);
-    }
 }
 
 /// The fence table dropped under a running pipeline with `on_error =
@@ -834,7 +828,6 @@ async fn a_dropped_fence_table_holds_writes_back_rather_than_skipping_them() {
     assert!(!a.log().contains("batch skipped"), "{}", a.log());
     a.wait_running().await;
     a.stop();
-    let _ = std::fs::remove_dir_all(&a.dir);
 }
 
 /// A source where the pipeline's user may not read the system
@@ -896,5 +889,4 @@ async fn a_source_that_hides_its_system_identifier_says_what_to_grant() {
     };
     m.wait_running().await;
     m.stop();
-    let _ = std::fs::remove_dir_all(&dir);
 }

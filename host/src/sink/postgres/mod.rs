@@ -315,7 +315,7 @@ impl PostgresSink {
                         check
                     }
                 };
-                Some((statement, fence.holder.clone()))
+                Some((statement, &fence.holder))
             }
             None => None,
         };

@@ -249,16 +249,7 @@ impl Host {
 
     /// A counter of `/metrics` without labels.
     pub async fn metric(&self, name: &str) -> f64 {
-        let text = self
-            .http
-            .get(format!("{}/metrics", self.base))
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("metrics text");
+        let text = datum_tests::metrics_text(&self.http, &self.base, TOKEN).await;
         text.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
             .unwrap_or_else(|| panic!("no {name} in /metrics"))
