@@ -272,12 +272,13 @@ impl PostgresSink {
         Ok(term)
     }
 
-    async fn apply(&mut self, batch: &Transformed) -> Result<(), Failure> {
+    /// Applies `batches` in one target transaction, in order.
+    async fn apply(&mut self, batches: &[Transformed]) -> Result<(), Failure> {
         let mut plan = Vec::new();
-        // What the target tables looked like, read once per batch and then
-        // kept as the planned DDL leaves them.
+        // What the target tables looked like, read once per transaction
+        // and then kept as the planned DDL leaves them.
         let mut targets: HashMap<Target, Option<Vec<TargetColumn>>> = HashMap::new();
-        for change in batch.changes() {
+        for change in batches.iter().flat_map(Transformed::changes) {
             let change = change.to_wire();
             if change.op == Op::Schema {
                 self.plan_schema(&change, &mut targets, &mut plan).await?;
@@ -541,17 +542,30 @@ async fn pipeline(
 
 impl Sink for PostgresSink {
     async fn write(&mut self, batch: &Transformed) -> Result<(), SinkError> {
-        let applies = batch.changes().any(|c| match c {
-            ChangeRef::Source(change) => !matches!(change, crate::event::Change::Message { .. }),
-            ChangeRef::Wire(change) => change.op != Op::Message,
-        });
+        self.write_group(std::slice::from_ref(batch)).await
+    }
+
+    /// The batches of a group in one target transaction: a stream of
+    /// small source transactions costs the target a commit (and the host
+    /// the round trips of one) per group, not per transaction. A group
+    /// that fails is written again batch by batch (`Sink::write_group`).
+    async fn write_group(&mut self, batches: &[Transformed]) -> Result<(), SinkError> {
+        let applies = batches
+            .iter()
+            .flat_map(Transformed::changes)
+            .any(|c| match c {
+                ChangeRef::Source(change) => {
+                    !matches!(change, crate::event::Change::Message { .. })
+                }
+                ChangeRef::Wire(change) => change.op != Op::Message,
+            });
         if !applies {
             return Ok(());
         }
         if self.client.as_ref().is_none_or(Client::is_closed) {
             self.reconnect().await?;
         }
-        match self.apply(batch).await {
+        match self.apply(batches).await {
             Ok(()) => Ok(()),
             Err(Failure { error, lost }) => {
                 if lost || self.client.as_ref().is_none_or(Client::is_closed) {
