@@ -74,6 +74,8 @@ pub struct PipelineDef {
     /// `source.catch_up`; `None`: `"off"`, so that every figure but the
     /// catch-up's measures the streaming path.
     pub catch_up: Option<String>,
+    /// Further keys of `[pipeline.source]`, in TOML (`leader_lock = true`).
+    pub source_extra: String,
 }
 
 impl PipelineDef {
@@ -115,12 +117,13 @@ impl Host {
                 )
             });
             config.push_str(&format!(
-                "\n[[pipeline]]\nname = \"{}\"\n{}\n[pipeline.source]\nurl = \"{}\"\nslot = \"{}\"\npublication = \"{publication}\"\nadopt_slot = true\ncatch_up = \"{}\"\n\n{}\n[pipeline.sink]\n{sink}",
+                "\n[[pipeline]]\nname = \"{}\"\n{}\n[pipeline.source]\nurl = \"{}\"\nslot = \"{}\"\npublication = \"{publication}\"\nadopt_slot = true\ncatch_up = \"{}\"\n{}\n{}\n[pipeline.sink]\n{sink}",
                 p.name,
                 p.extra,
                 p.conninfo,
                 p.slot,
                 p.catch_up.as_deref().unwrap_or("off"),
+                p.source_extra,
                 p.transforms,
             ));
         }

@@ -213,6 +213,7 @@ pub async fn run(bench: &mut Bench) -> Table {
         extra: format!("snapshot.mode = \"never\"\n{}", bench.args.copy_toml()),
         sink: None,
         catch_up: None,
+        source_extra: String::new(),
     }];
     let host = Host::start(&bench.datum, &dir, PUBLICATION, &pipelines).await;
     let baseline_file = dir.join("baseline.txt");

@@ -5,11 +5,12 @@
 //! figure.
 //!
 //! `cargo run --release -p datum-tests --bin bench -- [--quick] [--changes N]
-//! [--reps N] [--only throughput,transforms,checkpoints,hotswap,canary,catchup,nats,latency,memory,scaleout,snapshot]`
+//! [--reps N] [--only throughput,transforms,checkpoints,hotswap,canary,catchup,nats,latency,memory,scaleout,pgsink,snapshot]`
 //! (`just bench` builds the release `datum` and the example modules first).
 
 mod host;
 mod latency;
+mod pgsink;
 mod scaleout;
 mod snapshot;
 
@@ -23,6 +24,11 @@ use pg_throwaway::Cluster;
 use host::{Host, PipelineDef, cpu_seconds, memory, recvlogical, recvlogical_pgoutput};
 
 const PUBLICATION: &str = "bench_pub";
+
+/// Sections that run only when `--only` names them: `nats` needs a
+/// nats-server, `scaleout` and `pgsink` compare set-ups rather than
+/// measure Datum against its baseline.
+const OPT_IN: [&str; 3] = ["nats", "scaleout", "pgsink"];
 
 /// The columns of every benchmark row: an int8 key, two texts, a numeric, a
 /// bool — the table `cargo bench --bench transform` uses too.
@@ -114,10 +120,13 @@ impl Args {
         chunk.unwrap_or_default() + &rate.unwrap_or_default()
     }
 
+    /// Whether `section` runs: every section but the opt-in ones when no
+    /// `--only` was given, else the named ones.
     fn runs(&self, section: &str) -> bool {
-        self.only
-            .as_ref()
-            .is_none_or(|only| only.iter().any(|s| s == section))
+        match &self.only {
+            None => !OPT_IN.contains(&section),
+            Some(only) => only.iter().any(|s| s == section),
+        }
     }
 }
 
@@ -127,7 +136,7 @@ fn usage(problem: &str) -> ! {
     }
     eprintln!(
         "usage: bench [--quick] [--changes N] [--reps N] [--chunk-size N] [--copy-rate N] \
-         [--only throughput,transforms,checkpoints,hotswap,canary,catchup,nats,latency,memory,scaleout,snapshot]"
+         [--only throughput,transforms,checkpoints,hotswap,canary,catchup,nats,latency,memory,scaleout,pgsink,snapshot]"
     );
     std::process::exit(2)
 }
@@ -719,6 +728,7 @@ impl Bench {
                         extra: String::new(),
                         sink: None,
                         catch_up: None,
+                        source_extra: String::new(),
                     });
                 }
             }
@@ -737,6 +747,7 @@ impl Bench {
                     extra: extra.clone(),
                     sink: (*key == "nats").then(|| self.nats_sink()),
                     catch_up: key.starts_with("catchup").then(|| CATCH_UP.to_owned()),
+                    source_extra: String::new(),
                 });
             }
             let host = Host::start(
@@ -1107,6 +1118,7 @@ impl Bench {
             extra: String::new(),
             sink: None,
             catch_up: None,
+            source_extra: String::new(),
         }];
         let host = Host::start(&self.datum, &self.dir.join("mem"), PUBLICATION, &pipelines).await;
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -1284,6 +1296,10 @@ fn main() {
         }
         if bench.args.runs("scaleout") {
             let table = scaleout::run(&mut bench).await;
+            bench.tables.push(table);
+        }
+        if bench.args.runs("pgsink") {
+            let table = pgsink::run(&mut bench).await;
             bench.tables.push(table);
         }
         if bench.args.runs("snapshot") {

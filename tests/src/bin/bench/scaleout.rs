@@ -134,6 +134,7 @@ async fn start(bench: &Bench, name: &str, publication: &str, slot: &str) -> Host
         extra: "snapshot.mode = \"never\"\n".into(),
         sink: None,
         catch_up: None,
+        source_extra: String::new(),
     }];
     let host = Host::start(&bench.datum, &bench.dir.join(name), publication, &pipelines).await;
     host.pause(name).await;

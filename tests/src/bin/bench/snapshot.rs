@@ -153,6 +153,7 @@ async fn backfill(bench: &Bench, rep: usize, rows: u64) -> (Duration, f64) {
             extra: format!("snapshot.mode = \"never\"\n{}", bench.args.copy_toml()),
             sink: None,
             catch_up: None,
+            source_extra: String::new(),
         }],
     )
     .await;
