@@ -429,6 +429,35 @@ async fn a_group_of_small_transactions_is_one_target_transaction_and_fails_as_on
         after - before - 1
     );
 
+    // The same key in several batches of a group: applied in their order,
+    // never two of one key in one statement.
+    let mut delete = Change::new(Op::Delete, "public", "t");
+    delete.columns = insert("public", "t", 7, "", None).columns;
+    delete.old = Some(Row::from_fields(vec![("id".into(), Value::Int(7))]));
+    let mut gone = delete.clone();
+    gone.old = Some(Row::from_fields(vec![("id".into(), Value::Int(8))]));
+    let same_keys = vec![
+        wire_batch(vec![insert("public", "t", 7, "second", None)]),
+        wire_batch(vec![
+            insert("public", "t", 8, "second", None),
+            insert("public", "t", 7, "third", None),
+        ]),
+        wire_batch(vec![delete, insert("public", "t", 9, "second", None)]),
+        wire_batch(vec![insert("public", "t", 7, "fourth", None), gone]),
+    ];
+    sink.write_group(&same_keys)
+        .await
+        .expect("writes the group");
+    assert_eq!(
+        rows(
+            &target,
+            "SELECT id || '=' || name FROM t WHERE id IN (7, 8, 9) ORDER BY id"
+        )
+        .await,
+        ["7=fourth", "9=second"]
+    );
+    assert_eq!(rows(&target, "SELECT count(*) FROM t").await, ["499"]);
+
     // One batch of a group names a missing table: none of the group is
     // applied, and the error names the table.
     let mut failing: Vec<Transformed> = (1001..=1100)
@@ -441,7 +470,7 @@ async fn a_group_of_small_transactions_is_one_target_transaction_and_fails_as_on
     let err = sink.write_group(&failing).await.expect_err("no such table");
     assert!(!err.is_transient(), "{err}");
     assert!(err.to_string().contains("public.absent"), "{err}");
-    assert_eq!(rows(&target, "SELECT count(*) FROM t").await, ["500"]);
+    assert_eq!(rows(&target, "SELECT count(*) FROM t").await, ["499"]);
     // One at a time, the others apply and only that one fails.
     let mut refused = 0;
     for batch in &failing {
@@ -450,7 +479,7 @@ async fn a_group_of_small_transactions_is_one_target_transaction_and_fails_as_on
         }
     }
     assert_eq!(refused, 1);
-    assert_eq!(rows(&target, "SELECT count(*) FROM t").await, ["600"]);
+    assert_eq!(rows(&target, "SELECT count(*) FROM t").await, ["599"]);
 }
 
 /// The target's current transaction id (taking one for this session's

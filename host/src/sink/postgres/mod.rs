@@ -1,5 +1,6 @@
 //! The `postgres` sink: changes applied to tables of a target database, one
-//! transaction per batch, idempotently.
+//! transaction per batch or per group of batches written together,
+//! idempotently.
 //!
 //! Owns turning each change into statements on the target: inserts, updates
 //! and snapshot rows as upserts on the key (`INSERT ... ON CONFLICT (key) DO
@@ -10,7 +11,7 @@
 //! needs a person (a missing table, a constraint); and what a `schema`
 //! change does to the target (`schema_changes`: by default a change the
 //! target does not reflect yet is an error naming the statement to run;
-//! `apply` adds columns and widens types in the batch's transaction). It
+//! `apply` adds columns and widens types in the write's transaction). It
 //! does not create tables, and it does not retry: the pipeline does.
 //!
 //! Idempotence, so that replaying the un-checkpointed tail after a crash
@@ -26,11 +27,12 @@
 //! the server infers every parameter's type from the target column, so any
 //! type the target can read from text works (numeric, timestamps, json,
 //! bytea, arrays, uuid, interval, enums, domains, extension types).
-//! Statements are prepared once per connection and SQL text. A batch's
-//! statements are planned first, then sent pipelined (up to `PIPELINE`
-//! before the first answer is awaited, in order, in the batch's one
-//! transaction), so a batch of many rows costs the server's work, not a
-//! round trip per row.
+//! Statements are prepared once per connection and SQL text. A write's
+//! statements (a batch's, or a group's in the order of its batches) are
+//! planned first, then sent pipelined (up to `PIPELINE` before the first
+//! answer is awaited, in order, in the write's one transaction), so a
+//! batch of many rows costs the server's work, not a round trip per row,
+//! and a group of small batches one commit.
 
 mod schema;
 

@@ -95,8 +95,8 @@ struct Needed {
 impl PostgresSink {
     /// Plans what the schema change `change` needs of its target table
     /// under the sink's `schema_changes`: DDL in `plan`, or a definite
-    /// error. `targets` holds the target tables read so far in this batch,
-    /// as the planned DDL leaves them.
+    /// error. `targets` holds the target tables read so far for this write
+    /// (a batch, or a group of them), as the planned DDL leaves them.
     pub(super) async fn plan_schema(
         &mut self,
         change: &Change,
@@ -148,7 +148,7 @@ impl PostgresSink {
         let apply = self.schema_changes == SchemaChanges::Apply;
         if apply && needed.iter().all(|n| n.safe) {
             for n in needed {
-                tracing::info!(target_table = %target, statement = %n.sql, "a source table changed: changing the target table in the batch's transaction");
+                tracing::info!(target_table = %target, statement = %n.sql, "a source table changed: changing the target table in the write's transaction");
                 plan.push(Planned {
                     sql: n.sql,
                     params: Vec::new(),
