@@ -23,6 +23,19 @@ async fn sql(client: &tokio_postgres::Client, statements: &[&str]) {
     }
 }
 
+/// A cluster with database `target` holding `t (id int PRIMARY KEY, name
+/// text)`, a session on it and a postgres sink into it.
+async fn table_t() -> (pg_throwaway::Cluster, tokio_postgres::Client, PostgresSink) {
+    let pg = cluster();
+    pg.create_database("target").expect("target database");
+    let target = connect(&pg.conninfo("target")).await;
+    sql(&target, &["CREATE TABLE t (id int PRIMARY KEY, name text)"]).await;
+    let sink = PostgresSink::connect(&pg.conninfo("target"), None, BTreeMap::new())
+        .await
+        .expect("connects");
+    (pg, target, sink)
+}
+
 const TABLES: &[&str] = &[
     "CREATE TABLE a (id int PRIMARY KEY, name text, amount numeric, at timestamptz, \
      doc jsonb, raw bytea, uid uuid, tags text[], big text)",
@@ -199,13 +212,7 @@ async fn tables_schema_and_route_choose_the_target() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_table_is_definite_and_a_lost_connection_transient() {
-    let pg = cluster();
-    pg.create_database("target").expect("target database");
-    let target = connect(&pg.conninfo("target")).await;
-    sql(&target, &["CREATE TABLE t (id int PRIMARY KEY, name text)"]).await;
-    let mut sink = PostgresSink::connect(&pg.conninfo("target"), None, BTreeMap::new())
-        .await
-        .expect("connects");
+    let (pg, target, mut sink) = table_t().await;
 
     let err: SinkError = sink
         .write(&wire_batch(vec![
@@ -295,13 +302,7 @@ async fn a_missing_table_is_definite_and_a_lost_connection_transient() {
 /// deep in the pipeline (reported for its own table, the batch rolled back).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn joined_and_pipelined_upserts_apply_in_order_and_fail_as_one_batch() {
-    let pg = cluster();
-    pg.create_database("target").expect("target database");
-    let target = connect(&pg.conninfo("target")).await;
-    sql(&target, &["CREATE TABLE t (id int PRIMARY KEY, name text)"]).await;
-    let mut sink = PostgresSink::connect(&pg.conninfo("target"), None, BTreeMap::new())
-        .await
-        .expect("connects");
+    let (_pg, target, mut sink) = table_t().await;
 
     let mut changes = Vec::new();
     for id in 1..=250 {
@@ -408,13 +409,7 @@ async fn a_table_with_replica_identity_full_is_applied_by_the_target_s_primary_k
 /// one at a time (as the pipeline then does) starts from a clean slate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_of_small_transactions_is_one_target_transaction_and_fails_as_one() {
-    let pg = cluster();
-    pg.create_database("target").expect("target database");
-    let target = connect(&pg.conninfo("target")).await;
-    sql(&target, &["CREATE TABLE t (id int PRIMARY KEY, name text)"]).await;
-    let mut sink = PostgresSink::connect(&pg.conninfo("target"), None, BTreeMap::new())
-        .await
-        .expect("connects");
+    let (_pg, target, mut sink) = table_t().await;
     let group: Vec<Transformed> = (1..=500)
         .map(|id| wire_batch(vec![insert("public", "t", id, "one", None)]))
         .collect();
