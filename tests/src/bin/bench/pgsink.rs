@@ -4,12 +4,12 @@
 //! first reads its term in `datum_fence` (docs/scaling.md). The fence's
 //! cost is the ratio of the two.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use datum::Lsn;
 
 use crate::host::{Host, PipelineDef};
-use crate::{Bench, ROW, Table, Transport, cpu_seconds, grouped, median};
+use crate::{Bench, ROW, Table, Transport, grouped, median};
 
 /// The target database, in the bench's cluster.
 const TARGET: &str = "bench_target";
@@ -161,7 +161,7 @@ async fn write(bench: &mut Bench, rows: u64, changes: u64, first: u64) -> Lsn {
 
 /// A host of its own with one pipeline into the target, fenced or not;
 /// how long from `resume` until it checkpointed `end`, and the host's CPU
-/// seconds meanwhile.
+/// seconds meanwhile (`Bench::run_datum`).
 async fn drain(bench: &Bench, slot: &str, fence: bool, end: Lsn) -> (Duration, f64) {
     let name = format!("{slot}_{}", if fence { "fenced" } else { "plain" });
     let pipelines = [PipelineDef {
@@ -183,14 +183,7 @@ async fn drain(bench: &Bench, slot: &str, fence: bool, end: Lsn) -> (Duration, f
     }];
     let host = Host::start(&bench.datum, &bench.dir.join(&name), "ps", &pipelines).await;
     host.pause(&name).await;
-    let cpu = cpu_seconds(host.pid()).expect("the host's CPU time");
-    let started = Instant::now();
-    host.resume(&name).await;
-    crate::profile(&host, &name);
-    host.wait_checkpointed(&name, end, Duration::from_secs(1800))
-        .await;
-    let elapsed = started.elapsed();
-    let used = cpu_seconds(host.pid()).expect("the host's CPU time") - cpu;
+    let run = bench.run_datum(&host, &name, end).await;
     host.stop();
-    (elapsed, used)
+    (run.elapsed, run.host_cpu)
 }
