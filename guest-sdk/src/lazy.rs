@@ -73,12 +73,53 @@ impl Layout {
     /// Splits an encoded batch (see `walk`).
     pub(crate) fn of(bytes: &[u8]) -> Result<Layout> {
         let mut changes = Vec::new();
+        let mut head = None;
         let txn = walk(bytes, |reader, _| {
-            changes.push(reader.skip().map_err(malformed)?);
+            changes.push(skip_change(reader, bytes, &mut head).map_err(malformed)?);
             Ok(())
         })?;
         Ok(Layout { txn, changes })
     }
+}
+
+/// Skips the change `reader` (over `bytes`) is at; returns its range.
+///
+/// A change is a map, and the changes of a batch mostly differ only in
+/// their last entry, the row: `op`, `schema`, `table` and `columns` (most of
+/// a change's values) are byte for byte the last change's. So `head`
+/// remembers the last change's bytes up to its last value, and a change
+/// that starts with the same bytes is read up to there by comparing them:
+/// the same bytes parse the same way (the map's size, every entry before
+/// the last and the last key), and only the last value is walked. Anything
+/// else is walked value by value, and becomes the `head`.
+fn skip_change(
+    reader: &mut Reader<'_>,
+    bytes: &[u8],
+    head: &mut Option<Range<usize>>,
+) -> std::result::Result<Range<usize>, crate::msgpack::Malformed> {
+    let start = reader.position();
+    if let Some(seen) = head.as_ref().and_then(|range| bytes.get(range.clone()))
+        && let Some(end) = start.checked_add(seen.len())
+        && bytes
+            .get(start..end)
+            .is_some_and(|here| crate::msgpack::same_bytes(here, seen))
+    {
+        reader.take(seen.len())?;
+        reader.skip()?;
+        return Ok(start..reader.position());
+    }
+    if !matches!(reader.peek(), Some(0x80..=0x8f | 0xde | 0xdf)) {
+        return reader.skip();
+    }
+    let entries = reader.map_len()?;
+    for entry in 1..=entries {
+        reader.skip()?;
+        if entry == entries {
+            *head = Some(start..reader.position());
+        }
+        reader.skip()?;
+    }
+    Ok(start..reader.position())
 }
 
 /// Reads a batch's changes in one pass, calling `f` with each one's index,
@@ -289,6 +330,53 @@ mod tests {
         assert_eq!(err.message(), "malformed batch: `changes` twice");
         let err = each_change(&Shared::new(twice), |_, _, _| Ok(())).unwrap_err();
         assert_eq!(err.message(), "malformed batch: `changes` twice");
+    }
+
+    /// What `Layout::of` answered before it compared columns: every change
+    /// skipped value by value.
+    fn walked(bytes: &[u8]) -> Result<Layout> {
+        let mut changes = Vec::new();
+        let txn = walk(bytes, |reader, _| {
+            changes.push(reader.skip().map_err(malformed)?);
+            Ok(())
+        })?;
+        Ok(Layout { txn, changes })
+    }
+
+    /// Changes of two tables, alternating and repeated, each with the
+    /// columns of its own; then the batch cut short and corrupted byte by
+    /// byte: the ranges (or the refusal) are always those of walking every
+    /// value.
+    #[test]
+    fn columns_passed_over_by_comparison_split_a_batch_as_walking_it_does() {
+        let mut corpus = crate::read::tests::corpus(false);
+        let mut other = corpus[0].clone();
+        other.columns.truncate(2);
+        corpus.insert(1, other.clone());
+        corpus.push(other);
+        corpus.push(corpus[0].clone());
+        let bytes = to_msgpack(&Batch::new(Txn::committed(3, 30), corpus)).expect("encode");
+        let layout = Layout::of(&bytes).expect("layout");
+        let expected = walked(&bytes).expect("walked");
+        assert_eq!(layout.changes, expected.changes);
+        assert_eq!(layout.txn, expected.txn);
+        let mut variants: Vec<Vec<u8>> =
+            (0..bytes.len()).map(|cut| bytes[..cut].to_vec()).collect();
+        for at in 0..bytes.len() {
+            for replacement in [0x00, 0x80, 0x91, 0xa7, 0xc0, 0xdc, bytes[at] ^ 1] {
+                let mut mutated = bytes.clone();
+                mutated[at] = replacement;
+                variants.push(mutated);
+            }
+        }
+        for variant in variants {
+            let compared = Layout::of(&variant).map(|l| (l.txn, l.changes));
+            let walked = walked(&variant).map(|l| (l.txn, l.changes));
+            assert_eq!(compared.is_ok(), walked.is_ok(), "{variant:?}");
+            if let (Ok(compared), Ok(walked)) = (compared, walked) {
+                assert_eq!(compared, walked, "{variant:?}");
+            }
+        }
     }
 
     #[test]

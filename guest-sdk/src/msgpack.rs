@@ -188,6 +188,24 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// Whether `a` and `b` hold the same bytes: slice equality, eight bytes at
+/// a time. On wasm32 `==` on slices is a call to a `memcmp` that compares
+/// one byte at a time, and the batch readers compare the first hundreds of
+/// bytes of every change with the last change's.
+pub(crate) fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let word = |w: &[u8]| <[u8; 8]>::try_from(w).ok().map(u64::from_ne_bytes);
+    let (mut x, mut y) = (a.chunks_exact(8), b.chunks_exact(8));
+    for (p, q) in (&mut x).zip(&mut y) {
+        if word(p) != word(q) {
+            return false;
+        }
+    }
+    x.remainder().iter().eq(y.remainder())
+}
+
 /// Appends an array header for `len` elements.
 pub(crate) fn write_array_len(out: &mut Vec<u8>, len: u32) {
     if len < 16 {
@@ -226,6 +244,21 @@ pub(crate) const MAX_ARRAY_HEADER: usize = 5;
 mod tests {
     use super::*;
     use crate::wire::{Batch, Change, Envelope, Op, Output, Row, Txn, Value, to_msgpack};
+
+    #[test]
+    fn same_bytes_is_slice_equality() {
+        let bytes: Vec<u8> = (0..40u8).collect();
+        for len in 0..bytes.len() {
+            let a = &bytes[..len];
+            assert!(same_bytes(a, a));
+            assert!(!same_bytes(a, &bytes[..len + 1]));
+            for at in 0..len {
+                let mut b = a.to_vec();
+                b[at] ^= 0x80;
+                assert!(!same_bytes(a, &b), "{len} {at}");
+            }
+        }
+    }
 
     #[test]
     fn skip_finds_every_value_of_a_batch() {

@@ -191,7 +191,7 @@ impl Shapes {
             && start
                 .checked_add(bytes.len())
                 .and_then(|end| whole.get(start..end))
-                == Some(bytes)
+                .is_some_and(|here| crate::msgpack::same_bytes(here, bytes))
         {
             // The same bytes from the start of an array: the same array.
             r.take(bytes.len()).ok()?;
