@@ -8,7 +8,7 @@
 use datum_guest::Txn;
 
 use crate::event::json::TxnJson;
-use crate::sink::json::{Columns, SinkChangeJson};
+use crate::sink::json::{Columns, Renderer};
 use crate::transform::Transformed;
 
 /// Appends the batch's lines to `out`, with the change's columns as
@@ -23,13 +23,10 @@ pub(crate) fn render(batch: &Transformed, columns: Columns, out: &mut Vec<u8>) {
     // fail, and a Vec cannot fail to grow.
     let _ = serde_json::to_writer(&mut prefix, &TxnJson(txn));
     prefix.push(b',');
+    let mut renderer = Renderer::new(columns);
     for change in batch.changes() {
         out.extend_from_slice(&prefix);
-        let start = out.len();
-        let _ = serde_json::to_writer(&mut *out, &SinkChangeJson(change, columns));
-        // The change is a JSON object with at least `op`: drop its `{`,
-        // the line's own opened it.
-        out.remove(start);
+        renderer.write_rest(out, change);
         out.push(b'\n');
     }
 }

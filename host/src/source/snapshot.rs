@@ -522,7 +522,7 @@ pub(crate) async fn read_chunk(
             match row.try_get(i) {
                 Ok(Some(text)) => {
                     chunk.bytes += text.len();
-                    values.push(values::parse(&column.kind, text.as_bytes()));
+                    values.push(values::parse_str(&column.kind, text));
                 }
                 Ok(None) => values.push(Value::Null),
                 Err(e) => {
