@@ -31,11 +31,10 @@ use std::time::Duration;
 use datum_guest::Txn;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use reqwest::{StatusCode, Url};
-use serde::ser::{SerializeMap, Serializer};
 
 use super::{Sink, SinkError};
 use crate::event::json::TxnJson;
-use crate::sink::json::{Columns, SinkChangeJson};
+use crate::sink::json::{Columns, Renderer};
 use crate::transform::Transformed;
 
 /// The header that names the batch.
@@ -180,21 +179,20 @@ pub(crate) fn idempotency_key(txn: &Txn) -> String {
 /// Writes the request body of `batch` to `out` (see the module docs), with
 /// the changes' columns as `columns` says.
 pub(crate) fn render(batch: &Transformed, columns: Columns, out: &mut Vec<u8>) {
-    struct Changes<'a>(&'a Transformed, Columns);
-    impl serde::Serialize for Changes<'_> {
-        fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-            serializer.collect_seq(self.0.changes().map(|c| SinkChangeJson(c, self.1)))
-        }
-    }
-    let mut serializer = serde_json::Serializer::new(&mut *out);
+    out.extend_from_slice(b"{\"txn\":");
     // Every key is a string and every value serializable, and a Vec cannot
     // fail to grow: this cannot fail.
-    let _ = (|| {
-        let mut map = serializer.serialize_map(Some(2))?;
-        map.serialize_entry("txn", &TxnJson(batch.txn()))?;
-        map.serialize_entry("changes", &Changes(batch, columns))?;
-        map.end()
-    })();
+    let _ = serde_json::to_writer(&mut *out, &TxnJson(batch.txn()));
+    out.extend_from_slice(b",\"changes\":[");
+    let mut renderer = Renderer::new(columns);
+    for (i, change) in batch.changes().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.push(b'{');
+        renderer.write_rest(out, change);
+    }
+    out.extend_from_slice(b"]}");
 }
 
 impl Sink for HttpSink {

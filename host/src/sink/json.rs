@@ -234,7 +234,9 @@ impl<'a> Renderer<'a> {
         // fail, and a Vec cannot fail to grow.
         let _ = serde_json::to_writer(&mut *out, &SinkChangeJson(change, self.columns));
         // A JSON object: drop its `{`.
-        out.remove(start);
+        if out.get(start) == Some(&b'{') {
+            out.remove(start);
+        }
     }
 
     /// The head of `relation`'s changes, rendered on first use.
