@@ -85,13 +85,14 @@ impl Layout {
 /// Skips the change `reader` (over `bytes`) is at; returns its range.
 ///
 /// A change is a map, and the changes of a batch mostly differ only in
-/// their last entry, the row: `op`, `schema`, `table` and `columns` (most of
-/// a change's values) are byte for byte the last change's. So `head`
-/// remembers the last change's bytes up to its last value, and a change
-/// that starts with the same bytes is read up to there by comparing them:
-/// the same bytes parse the same way (the map's size, every entry before
-/// the last and the last key), and only the last value is walked. Anything
-/// else is walked value by value, and becomes the `head`.
+/// their last entry (the row of an insert or a snapshot row): `op`,
+/// `schema`, `table` and `columns` (most of a change's values) are byte for
+/// byte the last change's. So `head` remembers a change's bytes up to its
+/// last value, and a change that starts with the same bytes is read up to
+/// there by comparing them: the same bytes parse the same way (the map's
+/// size, every entry before the last and the last key), and only the last
+/// value is walked. Any other map is walked value by value and becomes the
+/// `head`; anything else is skipped as any value is.
 fn skip_change(
     reader: &mut Reader<'_>,
     bytes: &[u8],
@@ -343,12 +344,11 @@ mod tests {
         Ok(Layout { txn, changes })
     }
 
-    /// Changes of two tables, alternating and repeated, each with the
-    /// columns of its own; then the batch cut short and corrupted byte by
-    /// byte: the ranges (or the refusal) are always those of walking every
-    /// value.
+    /// Changes of every kind and of two tables, no two neighbours with the
+    /// same head, then the batch cut short and corrupted byte by byte: the
+    /// ranges (or the refusal) are always those of walking every value.
     #[test]
-    fn columns_passed_over_by_comparison_split_a_batch_as_walking_it_does() {
+    fn changes_of_every_kind_split_as_walking_them_does() {
         let mut corpus = crate::read::tests::corpus(false);
         let mut other = corpus[0].clone();
         other.columns.truncate(2);
@@ -364,6 +364,64 @@ mod tests {
             (0..bytes.len()).map(|cut| bytes[..cut].to_vec()).collect();
         for at in 0..bytes.len() {
             for replacement in [0x00, 0x80, 0x91, 0xa7, 0xc0, 0xdc, bytes[at] ^ 1] {
+                let mut mutated = bytes.clone();
+                mutated[at] = replacement;
+                variants.push(mutated);
+            }
+        }
+        for variant in variants {
+            let compared = Layout::of(&variant).map(|l| (l.txn, l.changes));
+            let walked = walked(&variant).map(|l| (l.txn, l.changes));
+            assert_eq!(compared.is_ok(), walked.is_ok(), "{variant:?}");
+            if let (Ok(compared), Ok(walked)) = (compared, walked) {
+                assert_eq!(compared, walked, "{variant:?}");
+            }
+        }
+    }
+
+    /// Inserts of one table, each with a row of its own, then another
+    /// table's: the second and third inserts are read up to their rows by
+    /// comparing bytes (`head` still names the first insert's), and every
+    /// cut and corruption of them splits as walking does.
+    #[test]
+    fn a_change_with_the_last_change_s_head_is_compared_not_walked() {
+        let first = crate::read::tests::corpus(false)[0].clone();
+        assert_eq!(first.op, crate::wire::Op::Insert);
+        let mut second = first.clone();
+        second.new = Some(row! { "id" => 2, "note" => "other" });
+        let mut third = first.clone();
+        third.new = Some(row! { "id" => 3 });
+        let mut other = first.clone();
+        other.columns.truncate(1);
+        let changes = vec![first, second, third, other.clone(), other];
+        let bytes = to_msgpack(&Batch::new(Txn::committed(3, 30), changes)).expect("encode");
+        let mut heads = Vec::new();
+        let mut head = None;
+        walk(&bytes, |reader, _| {
+            let range = skip_change(reader, &bytes, &mut head).map_err(malformed)?;
+            heads.push((range, head.clone()));
+            Ok(())
+        })
+        .expect("walk");
+        let first_head = heads[0].1.clone().expect("the first insert's head");
+        assert_eq!(first_head.start, heads[0].0.start);
+        assert_eq!(heads[1].1, Some(first_head.clone()), "second compared");
+        assert_eq!(heads[2].1, Some(first_head), "third compared");
+        assert_eq!(heads[3].1.as_ref().map(|h| h.start), Some(heads[3].0.start));
+        assert_eq!(heads[4].1, heads[3].1, "the other table's second compared");
+        assert_eq!(
+            heads
+                .iter()
+                .map(|(range, _)| range.clone())
+                .collect::<Vec<_>>(),
+            walked(&bytes).expect("walked").changes
+        );
+        // Every cut, and every byte of the compared changes corrupted.
+        let compared = heads[1].0.start..heads[2].0.end;
+        let mut variants: Vec<Vec<u8>> =
+            (0..bytes.len()).map(|cut| bytes[..cut].to_vec()).collect();
+        for at in compared {
+            for replacement in 0..=255u8 {
                 let mut mutated = bytes.clone();
                 mutated[at] = replacement;
                 variants.push(mutated);
