@@ -327,6 +327,8 @@ pub async fn run<S: Sink>(
         replays,
         queue: VecDeque::new(),
         singly: 0,
+        group_failed: None,
+        ungrouped_until: None,
         drain: Drain {
             stop_source: &stages.stop_source,
             deadline: None,
@@ -636,8 +638,32 @@ struct Delivery<'a, S> {
     /// How many at the front of `queue` go one at a time (a group write
     /// failed).
     singly: usize,
+    /// A group's write was refused (definitely): whether its batches, one
+    /// at a time, are all written at once.
+    group_failed: Option<GroupFailed>,
+    /// Until when batches go one at a time because a group failed only
+    /// as a group (`GROUPS_PAUSED_FOR`).
+    ungrouped_until: Option<tokio::time::Instant>,
     drain: Drain<'a>,
 }
+
+/// A group write refused definitely, while its batches go one at a time.
+struct GroupFailed {
+    error: String,
+    batches: usize,
+    /// Batches not written yet.
+    left: usize,
+    /// Each so far written at its first attempt.
+    clean: bool,
+}
+
+/// How long batches go one at a time after a group failed only as a group
+/// (a refusal, then each of its batches written alone at once): a target
+/// that refuses some batches together (a PostgreSQL target's deferred
+/// trigger events and a `TRUNCATE` in one transaction, its lock table full
+/// with many tables in one) would otherwise have every such group written
+/// twice.
+const GROUPS_PAUSED_FOR: Duration = Duration::from_secs(60);
 
 /// Shutdown's drain: the source stops reading, and what is in flight has
 /// until the deadline to reach the sink.
@@ -764,8 +790,11 @@ impl<S: Sink> Delivery<'_, S> {
                 self.written(std::slice::from_ref(&transformed), &[receipt]);
                 continue;
             }
-            let (single, receipt) = if self.singly > 0 {
-                self.singly -= 1;
+            let ungrouped = self
+                .ungrouped_until
+                .is_some_and(|until| tokio::time::Instant::now() < until);
+            let (single, receipt) = if self.singly > 0 || ungrouped {
+                self.singly = self.singly.saturating_sub(1);
                 (transformed, receipt)
             } else {
                 let (mut group, mut receipts) = self.take_group(transformed, receipt);
@@ -783,7 +812,33 @@ impl<S: Sink> Delivery<'_, S> {
             if !self.write_one(single, receipt, shutdown.as_mut()).await? {
                 return Ok(());
             }
+            self.one_of_a_failed_group_written();
         }
+    }
+
+    /// A batch was dealt with one at a time: once every batch of a refused
+    /// group was written at its first attempt, the group failed only as a
+    /// group; said in the log, and batches go one at a time for a while.
+    fn one_of_a_failed_group_written(&mut self) {
+        let Some(failed) = &mut self.group_failed else {
+            return;
+        };
+        failed.left = failed.left.saturating_sub(1);
+        if failed.left > 0 {
+            return;
+        }
+        if failed.clean {
+            tracing::warn!(
+                pipeline = %self.config.name,
+                error = %failed.error,
+                batches = failed.batches,
+                pause = ?GROUPS_PAUSED_FOR,
+                "the sink refused batches written together but took each alone; writing one \
+                 at a time for a while (see the error for what the target refuses together)"
+            );
+            self.ungrouped_until = Some(tokio::time::Instant::now() + GROUPS_PAUSED_FOR);
+        }
+        self.group_failed = None;
     }
 
     /// Waits for the next thing to do: a batch, shutdown (stop the source,
@@ -905,6 +960,13 @@ impl<S: Sink> Delivery<'_, S> {
                 self.counters.sink_retries.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(pipeline = %self.config.name, error = %err, batches = group.len(), "group write failed; writing its batches one at a time");
                 self.singly = group.len();
+                // A passing failure says nothing about the group itself.
+                self.group_failed = (!err.is_transient()).then(|| GroupFailed {
+                    error: err.to_string(),
+                    batches: group.len(),
+                    left: group.len(),
+                    clean: true,
+                });
                 for (transformed, receipt) in group.into_iter().zip(receipts).rev() {
                     self.queue.push_front(Staged::Ready(transformed, receipt));
                 }
@@ -948,6 +1010,9 @@ impl<S: Sink> Delivery<'_, S> {
                 }
                 Err(err) if err.is_transient() => {
                     self.counters.sink_retries.fetch_add(1, Ordering::Relaxed);
+                    if let Some(failed) = &mut self.group_failed {
+                        failed.clean = false;
+                    }
                     let wait = backoff.next_wait();
                     tracing::warn!(pipeline = %name, error = %err, retry_in = ?wait, "sink write failed; retrying");
                     if !announced {
@@ -979,6 +1044,9 @@ impl<S: Sink> Delivery<'_, S> {
             }
         };
         // A definite refusal follows `on_error`, like a module failure.
+        if let Some(failed) = &mut self.group_failed {
+            failed.clean = false;
+        }
         self.counters.record_error(format!("sink: {refused}"));
         handle_failure(
             self.config,

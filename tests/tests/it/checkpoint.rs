@@ -675,7 +675,8 @@ fn stored_in(store: &Store) -> u64 {
 
 /// A sink that records what it wrote, how many batches each write covered,
 /// fails its first group write (transiently, writing nothing) and refuses
-/// the batch holding `refuse` definitely, alone or in a group. Every write
+/// the batch holding `refuse` definitely, alone or in a group, and a group
+/// holding `refuse_together` (but not that batch alone). Every write
 /// takes 2 ms, as an fsync would: what arrives meanwhile waits for the next.
 #[derive(Default)]
 struct GroupSink {
@@ -683,6 +684,7 @@ struct GroupSink {
     groups: Arc<Mutex<Vec<usize>>>,
     failed_once: bool,
     refuse: i64,
+    refuse_together: i64,
 }
 
 fn ids(batch: &Transformed) -> Vec<i64> {
@@ -722,6 +724,12 @@ impl Sink for GroupSink {
         if ids.contains(&self.refuse) {
             return Err(SinkError::definite(format!("refusing {}", self.refuse)));
         }
+        if batches.len() > 1 && ids.contains(&self.refuse_together) {
+            return Err(SinkError::definite(format!(
+                "refusing {} with others",
+                self.refuse_together
+            )));
+        }
         self.groups.lock().expect("lock").push(batches.len());
         self.seen.lock().expect("lock").extend(ids);
         Ok(())
@@ -730,6 +738,66 @@ impl Sink for GroupSink {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn small_transactions_share_sink_writes_and_a_failed_group_goes_batch_by_batch() {
+    let sink = GroupSink {
+        refuse: 1500,
+        ..GroupSink::default()
+    };
+    let (seen, groups) = (sink.seen.clone(), sink.groups.clone());
+    drain_3000_one_row_transactions("group-writes", sink).await;
+    // Every row once, in commit order, but the refused one (skipped).
+    let seen = seen.lock().expect("lock").clone();
+    let expected: Vec<i64> = (1..=3000).filter(|id| *id != 1500).collect();
+    assert_eq!(seen.len(), expected.len());
+    assert_eq!(seen, expected);
+    // Writes covered many transactions at a time (the batches of each
+    // failed group went one at a time, so there are still many writes).
+    let groups = groups.lock().expect("lock").clone();
+    assert!(
+        groups.len() < 3000 && groups.iter().any(|&n| n >= 10),
+        "{} writes for 3,000 transactions: {groups:?}",
+        groups.len()
+    );
+}
+
+/// A group refused only as a group (each of its batches then written alone
+/// at once) is said in the log, and batches go one at a time for a while
+/// instead of every such group being written twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_refused_only_as_a_group_pauses_grouping() {
+    let sink = GroupSink {
+        refuse_together: 1500,
+        ..GroupSink::default()
+    };
+    let (seen, groups) = (sink.seen.clone(), sink.groups.clone());
+    drain_3000_one_row_transactions("group-together", sink).await;
+    let seen = seen.lock().expect("lock").clone();
+    assert_eq!(seen, (1..=3000).collect::<Vec<i64>>());
+    // Each batch is one row: the write that took row 1500, alone, and
+    // every write after it (within the pause) one batch each.
+    let groups = groups.lock().expect("lock").clone();
+    let mut written = 0;
+    let at = groups
+        .iter()
+        .position(|&n| {
+            written += n;
+            written >= 1500
+        })
+        .expect("row 1500 written");
+    assert!(
+        groups[..at].iter().any(|&n| n >= 10),
+        "writes were grouped before: {groups:?}"
+    );
+    assert!(
+        groups[at..].iter().all(|&n| n == 1),
+        "one at a time after the group failed only as a group: {:?}",
+        &groups[at..]
+    );
+}
+
+/// Runs a pipeline into `sink` over 3,000 one-row transactions waiting in
+/// the slot before it starts (they arrive faster than one write each could
+/// take them), until the checkpoint passes them all.
+async fn drain_3000_one_row_transactions(name: &str, sink: GroupSink) {
     let pg = cluster();
     let client = connect(&pg.conninfo("postgres")).await;
     for statement in [
@@ -754,13 +822,9 @@ async fn small_transactions_share_sink_writes_and_a_failed_group_goes_batch_by_b
         .get(0);
     let end: Lsn = end.parse().expect("lsn");
 
-    let dir = temp_dir("group-writes");
+    let dir = temp_dir(name);
     let store = Arc::new(Store::open(dir.join("state.redb")).expect("store"));
-    let sink = GroupSink {
-        refuse: 1500,
-        ..GroupSink::default()
-    };
-    let (seen, groups) = (sink.seen.clone(), sink.groups.clone());
+
     let mut pipeline_config = PipelineConfig::new("p", config(&pg, "pub", "slot", &["t"]));
     pipeline_config.on_error = datum::OnError::Skip;
     pipeline_config.sink_retry_initial = Duration::from_millis(10);
@@ -780,26 +844,12 @@ async fn small_transactions_share_sink_writes_and_a_failed_group_goes_batch_by_b
     while stored_in(&store) < end.0 {
         assert!(
             Instant::now() < deadline,
-            "the checkpoint did not reach {end}: {} rows seen",
-            seen.lock().expect("lock").len()
+            "the checkpoint did not reach {end}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let _ = stop_tx.send(());
     running.await.expect("task").expect("clean stop");
 
-    // Every row once, in commit order, but the refused one (skipped).
-    let seen = seen.lock().expect("lock").clone();
-    let expected: Vec<i64> = (1..=3000).filter(|id| *id != 1500).collect();
-    assert_eq!(seen.len(), expected.len());
-    assert_eq!(seen, expected);
-    // Writes covered many transactions at a time (the batches of each
-    // failed group went one at a time, so there are still many writes).
-    let groups = groups.lock().expect("lock").clone();
-    assert!(
-        groups.len() < 3000 && groups.iter().any(|&n| n >= 10),
-        "{} writes for 3,000 transactions: {groups:?}",
-        groups.len()
-    );
     std::fs::remove_dir_all(dir).ok();
 }

@@ -477,6 +477,49 @@ async fn a_group_of_small_transactions_is_one_target_transaction_and_fails_as_on
     assert_eq!(rows(&target, "SELECT count(*) FROM t").await, ["599"]);
 }
 
+/// What only a group can meet on a PostgreSQL target: an insert that
+/// queues a deferred trigger event, then a `TRUNCATE` of its table in the
+/// same transaction. Together they are refused definitely (so the pipeline
+/// counts the group as failed only as a group once each batch alone is
+/// written); one at a time both apply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deferred_trigger_events_and_a_truncate_are_refused_together_but_apply_alone() {
+    let (_pg, target, mut sink) = table_t().await;
+    sql(
+        &target,
+        &[
+            "CREATE FUNCTION nothing() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$",
+            "CREATE CONSTRAINT TRIGGER later AFTER INSERT ON t DEFERRABLE INITIALLY DEFERRED \
+             FOR EACH ROW EXECUTE FUNCTION nothing()",
+        ],
+    )
+    .await;
+    let mut truncate = Change::new(Op::Truncate, "", "");
+    truncate.truncate = Some(datum_guest::wire::Truncate {
+        tables: vec![datum_guest::wire::TableName {
+            schema: "public".into(),
+            table: "t".into(),
+        }],
+        cascade: false,
+        restart_identity: false,
+    });
+    let group = vec![
+        wire_batch(vec![insert("public", "t", 1, "one", None)]),
+        wire_batch(vec![truncate]),
+        wire_batch(vec![insert("public", "t", 2, "two", None)]),
+    ];
+    let err = sink
+        .write_group(&group)
+        .await
+        .expect_err("refused together");
+    assert!(!err.is_transient(), "{err}");
+    assert!(err.to_string().contains("pending trigger events"), "{err}");
+    for batch in &group {
+        sink.write(batch).await.expect("each alone applies");
+    }
+    assert_eq!(rows(&target, "SELECT id::text FROM t").await, ["2"]);
+}
+
 /// The target's current transaction id (taking one for this session's
 /// probe).
 async fn next_xid(client: &tokio_postgres::Client) -> i64 {
