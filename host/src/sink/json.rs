@@ -38,65 +38,96 @@ impl Columns {
 #[derive(Debug)]
 pub(crate) struct SinkChangeJson<'a>(pub crate::transform::encode::ChangeRef<'a>, pub Columns);
 
+/// A table's key columns' names, as `key`.
+struct Key<'a>(&'a [crate::event::Column]);
+
+impl Serialize for Key<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.iter().filter(|c| c.key).map(|c| &c.name))
+    }
+}
+
+/// A table's columns with their types and key flags, as `columns`.
+struct Typed<'a>(&'a [crate::event::Column]);
+
+impl Serialize for Typed<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Entry<'a> {
+            name: &'a str,
+            #[serde(rename = "type")]
+            type_name: &'a str,
+            key: bool,
+        }
+        serializer.collect_seq(self.0.iter().map(|c| Entry {
+            name: &c.name,
+            type_name: &c.type_name,
+            key: c.key,
+        }))
+    }
+}
+
+/// A source change of a row (insert, snapshot row, update, delete): what
+/// the sinks' JSON writes straight from the source's rows.
+struct RowChange<'a> {
+    op: Op,
+    relation: &'a crate::event::Relation,
+    old: Option<&'a crate::event::OldRow>,
+    new: Option<&'a Vec<Value>>,
+}
+
+impl<'a> RowChange<'a> {
+    fn of(change: crate::transform::encode::ChangeRef<'a>) -> Option<RowChange<'a>> {
+        use crate::event::Change as Source;
+        use crate::transform::encode::ChangeRef;
+        let ChangeRef::Source(change) = change else {
+            return None;
+        };
+        let (op, relation, old, new) = match change {
+            Source::Insert { relation, new } => (Op::Insert, relation, None, Some(new)),
+            Source::Snapshot { relation, new } => (Op::Snapshot, relation, None, Some(new)),
+            Source::Update { relation, old, new } => {
+                (Op::Update, relation, old.as_ref(), Some(new))
+            }
+            Source::Delete { relation, old } => (Op::Delete, relation, Some(old), None),
+            _ => return None,
+        };
+        Some(RowChange {
+            op,
+            relation,
+            old,
+            new,
+        })
+    }
+}
+
 impl Serialize for SinkChangeJson<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use crate::event::Change as Source;
         use crate::transform::encode::ChangeRef;
         let form = match self.1 {
             Columns::Key => ColumnsForm::KeyOnly,
             Columns::Typed => ColumnsForm::KeyAndFull,
         };
-        let (op, relation, old, new) = match self.0 {
-            ChangeRef::Wire(change) => {
-                return ChangeJson {
+        let Some(RowChange {
+            op,
+            relation,
+            old,
+            new,
+        }) = RowChange::of(self.0)
+        else {
+            return match self.0 {
+                ChangeRef::Wire(change) => ChangeJson {
                     change,
                     columns: form,
                 }
-                .serialize(serializer);
-            }
-            ChangeRef::Source(Source::Insert { relation, new }) => {
-                (Op::Insert, relation, None, Some(new))
-            }
-            ChangeRef::Source(Source::Snapshot { relation, new }) => {
-                (Op::Snapshot, relation, None, Some(new))
-            }
-            ChangeRef::Source(Source::Update { relation, old, new }) => {
-                (Op::Update, relation, old.as_ref(), Some(new))
-            }
-            ChangeRef::Source(Source::Delete { relation, old }) => {
-                (Op::Delete, relation, Some(old), None)
-            }
-            ChangeRef::Source(other) => {
-                return ChangeJson {
+                .serialize(serializer),
+                ChangeRef::Source(other) => ChangeJson {
                     change: &crate::transform::encode::to_wire(other),
                     columns: form,
                 }
-                .serialize(serializer);
-            }
+                .serialize(serializer),
+            };
         };
-        struct Key<'a>(&'a [crate::event::Column]);
-        impl Serialize for Key<'_> {
-            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-                serializer.collect_seq(self.0.iter().filter(|c| c.key).map(|c| &c.name))
-            }
-        }
-        struct Typed<'a>(&'a [crate::event::Column]);
-        impl Serialize for Typed<'_> {
-            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-                #[derive(Serialize)]
-                struct Entry<'a> {
-                    name: &'a str,
-                    #[serde(rename = "type")]
-                    type_name: &'a str,
-                    key: bool,
-                }
-                serializer.collect_seq(self.0.iter().map(|c| Entry {
-                    name: &c.name,
-                    type_name: &c.type_name,
-                    key: c.key,
-                }))
-            }
-        }
         struct Fields<'a> {
             columns: &'a [crate::event::Column],
             values: &'a [Value],
@@ -188,22 +219,14 @@ impl<'a> Renderer<'a> {
         out: &mut Vec<u8>,
         change: crate::transform::encode::ChangeRef<'a>,
     ) {
-        use crate::event::Change as Source;
-        use crate::transform::encode::ChangeRef;
-        let (op, relation, old, new) = match change {
-            ChangeRef::Source(Source::Insert { relation, new }) => {
-                (Op::Insert, relation, None, Some(new))
-            }
-            ChangeRef::Source(Source::Snapshot { relation, new }) => {
-                (Op::Snapshot, relation, None, Some(new))
-            }
-            ChangeRef::Source(Source::Update { relation, old, new }) => {
-                (Op::Update, relation, old.as_ref(), Some(new))
-            }
-            ChangeRef::Source(Source::Delete { relation, old }) => {
-                (Op::Delete, relation, Some(old), None)
-            }
-            other => return self.write_rest_slowly(out, other),
+        let Some(RowChange {
+            op,
+            relation,
+            old,
+            new,
+        }) = RowChange::of(change)
+        else {
+            return self.write_rest_slowly(out, change);
         };
         let Some(head) = self.head(relation) else {
             return self.write_rest_slowly(out, change);
@@ -275,31 +298,9 @@ impl<'a> Head<'a> {
             entry("table", &relation.table.as_str());
         }
         if !relation.columns.is_empty() {
-            let key: Vec<&str> = relation
-                .columns
-                .iter()
-                .filter(|c| c.key)
-                .map(|c| c.name.as_str())
-                .collect();
-            entry("key", &key);
+            entry("key", &Key(&relation.columns));
             if columns == Columns::Typed {
-                #[derive(Serialize)]
-                struct Entry<'a> {
-                    name: &'a str,
-                    #[serde(rename = "type")]
-                    type_name: &'a str,
-                    key: bool,
-                }
-                let typed: Vec<Entry<'_>> = relation
-                    .columns
-                    .iter()
-                    .map(|c| Entry {
-                        name: &c.name,
-                        type_name: &c.type_name,
-                        key: c.key,
-                    })
-                    .collect();
-                entry("columns", &typed);
+                entry("columns", &Typed(&relation.columns));
             }
         }
         let mut names = Vec::new();
