@@ -212,6 +212,11 @@ impl<'a> Renderer<'a> {
         }
     }
 
+    /// What it writes of a change's columns.
+    pub(crate) fn columns(&self) -> Columns {
+        self.columns
+    }
+
     /// Appends `change`'s JSON object without its opening `{`, for a line
     /// that opened it with fields of its own.
     pub(crate) fn write_rest(

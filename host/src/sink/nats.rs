@@ -27,7 +27,7 @@ use async_nats::jetstream::{self, context::PublishErrorKind, message::PublishMes
 use async_nats::{HeaderMap, ServerError};
 use serde::Serialize;
 
-use super::json::{Columns, SinkChangeJson};
+use super::json::{Columns, Renderer, SinkChangeJson};
 use super::{Sink, SinkError};
 use crate::config::{NatsFormat, NatsRetention, NatsSpec, NatsStorage};
 use crate::event::Lsn;
@@ -405,6 +405,7 @@ impl NatsSink {
         for batch in batches {
             let txn = batch.txn();
             let headers = TxnHeaders::new(&self.pipeline, txn);
+            let mut renderer = Renderer::new(self.settings.columns);
             for (index, change) in batch.changes().enumerate() {
                 let subject = self.settings.subject.render(&self.pipeline, change);
                 self.payload.clear();
@@ -412,7 +413,7 @@ impl NatsSink {
                     &mut self.payload,
                     txn,
                     change,
-                    self.settings.columns,
+                    &mut renderer,
                     self.settings.msgpack,
                 )?;
                 bytes += self.payload.len() as u64;
@@ -700,14 +701,23 @@ fn op_name(change: ChangeRef<'_>) -> &'static str {
 }
 
 /// A message's body: the change in the file sink's JSON form (`txn` and
-/// the change's fields), or the same map in MessagePack.
-fn encode(
+/// the change's fields, written by `renderer`), or the same map in
+/// MessagePack.
+fn encode<'a>(
     out: &mut Vec<u8>,
     txn: &datum_guest::Txn,
-    change: ChangeRef<'_>,
-    columns: Columns,
+    change: ChangeRef<'a>,
+    renderer: &mut Renderer<'a>,
     msgpack: bool,
 ) -> Result<(), SinkError> {
+    if !msgpack {
+        out.extend_from_slice(b"{\"txn\":");
+        serde_json::to_writer(&mut *out, &TxnJson(txn))
+            .map_err(|e| SinkError::definite(format!("encoding a change: {e}")))?;
+        out.push(b',');
+        renderer.write_rest(out, change);
+        return Ok(());
+    }
     #[derive(Serialize)]
     struct Line<'a> {
         txn: TxnJson<'a>,
@@ -716,15 +726,10 @@ fn encode(
     }
     let line = Line {
         txn: TxnJson(txn),
-        change: SinkChangeJson(change, columns),
+        change: SinkChangeJson(change, renderer.columns()),
     };
-    let result = if msgpack {
-        line.serialize(&mut rmp_serde::Serializer::new(&mut *out).with_struct_map())
-            .map_err(|e| e.to_string())
-    } else {
-        serde_json::to_writer(&mut *out, &line).map_err(|e| e.to_string())
-    };
-    result.map_err(|e| SinkError::definite(format!("encoding a change: {e}")))
+    line.serialize(&mut rmp_serde::Serializer::new(&mut *out).with_struct_map())
+        .map_err(|e| SinkError::definite(format!("encoding a change: {e}")))
 }
 
 /// A subject template: literal text and `{pipeline}`, `{schema}`,
@@ -952,11 +957,12 @@ mod tests {
         row.set("note", datum_guest::Value::Text("hé".into()));
         change.new = Some(row);
         let (mut json, mut packed) = (Vec::new(), Vec::new());
+        let mut renderer = Renderer::new(Columns::Typed);
         encode(
             &mut json,
             &txn,
             ChangeRef::Wire(&change),
-            Columns::Typed,
+            &mut renderer,
             false,
         )
         .expect("json");
@@ -964,10 +970,27 @@ mod tests {
             &mut packed,
             &txn,
             ChangeRef::Wire(&change),
-            Columns::Typed,
+            &mut renderer,
             true,
         )
         .expect("msgpack");
+        // The same bytes as serde writes the line (`txn`, then the change's
+        // fields flattened in).
+        #[derive(Serialize)]
+        struct Line<'a> {
+            txn: TxnJson<'a>,
+            #[serde(flatten)]
+            change: SinkChangeJson<'a>,
+        }
+        let by_serde = serde_json::to_vec(&Line {
+            txn: TxnJson(&txn),
+            change: SinkChangeJson(ChangeRef::Wire(&change), Columns::Typed),
+        })
+        .expect("serialize");
+        assert_eq!(
+            String::from_utf8_lossy(&json),
+            String::from_utf8_lossy(&by_serde)
+        );
         let json: serde_json::Value = serde_json::from_slice(&json).expect("a JSON object");
         let unpacked: serde_json::Value =
             rmp_serde::from_slice(&packed).expect("a MessagePack map");
