@@ -647,12 +647,11 @@ struct Delivery<'a, S> {
     drain: Drain<'a>,
 }
 
-/// A group write refused definitely, while its batches go one at a time.
+/// A group write refused definitely, while its batches go one at a time
+/// (`singly` counts those not taken yet).
 struct GroupFailed {
     error: String,
     batches: usize,
-    /// Batches not written yet.
-    left: usize,
     /// Each so far written at its first attempt.
     clean: bool,
 }
@@ -820,13 +819,12 @@ impl<S: Sink> Delivery<'_, S> {
     /// group was written at its first attempt, the group failed only as a
     /// group; said in the log, and batches go one at a time for a while.
     fn one_of_a_failed_group_written(&mut self) {
-        let Some(failed) = &mut self.group_failed else {
-            return;
-        };
-        failed.left = failed.left.saturating_sub(1);
-        if failed.left > 0 {
+        if self.singly > 0 {
             return;
         }
+        let Some(failed) = self.group_failed.take() else {
+            return;
+        };
         if failed.clean {
             tracing::warn!(
                 pipeline = %self.config.name,
@@ -838,7 +836,6 @@ impl<S: Sink> Delivery<'_, S> {
             );
             self.ungrouped_until = Some(tokio::time::Instant::now() + GROUPS_PAUSED_FOR);
         }
-        self.group_failed = None;
     }
 
     /// Waits for the next thing to do: a batch, shutdown (stop the source,
@@ -964,7 +961,6 @@ impl<S: Sink> Delivery<'_, S> {
                 self.group_failed = (!err.is_transient()).then(|| GroupFailed {
                     error: err.to_string(),
                     batches: group.len(),
-                    left: group.len(),
                     clean: true,
                 });
                 for (transformed, receipt) in group.into_iter().zip(receipts).rev() {

@@ -152,6 +152,53 @@ pub(crate) fn sql_type(type_name: &str, typmod: i32) -> String {
     format!("{base}{modifier}{array}")
 }
 
+/// What a call makes once per table and reuses for each change of that
+/// table (the encoders' fixed parts): found by the relation's address (the
+/// call borrows every relation it holds, so no address is reused while it
+/// runs), the last one found first, since a batch touches few tables,
+/// mostly in runs.
+pub(crate) struct PerTable<'a, T> {
+    entries: Vec<(&'a Relation, T)>,
+    last: usize,
+}
+
+impl<T> Default for PerTable<'_, T> {
+    fn default() -> Self {
+        PerTable {
+            entries: Vec::new(),
+            last: 0,
+        }
+    }
+}
+
+impl<'a, T> PerTable<'a, T> {
+    /// `relation`'s entry, made by `make` the first time it is asked for.
+    pub(crate) fn get_or_try_insert_with<E: From<&'static str>>(
+        &mut self,
+        relation: &'a Relation,
+        make: impl FnOnce() -> Result<T, E>,
+    ) -> Result<&T, E> {
+        let found = match self.entries.get(self.last) {
+            Some((seen, _)) if std::ptr::eq(*seen, relation) => Some(self.last),
+            _ => self
+                .entries
+                .iter()
+                .position(|(seen, _)| std::ptr::eq(*seen, relation)),
+        };
+        self.last = match found {
+            Some(index) => index,
+            None => {
+                self.entries.push((relation, make()?));
+                self.entries.len() - 1
+            }
+        };
+        self.entries
+            .get(self.last)
+            .map(|(_, entry)| entry)
+            .ok_or_else(|| E::from("a table's entry went missing"))
+    }
+}
+
 impl Relation {
     /// Whether `other` describes the same shape: names, replica identity and
     /// columns (names, types, modifiers, key flags). A Relation message sent

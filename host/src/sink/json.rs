@@ -5,6 +5,7 @@ use datum_guest::wire::{Op, Value};
 use serde::ser::SerializeMap;
 use serde::{Serialize, Serializer};
 
+use crate::event::batch::PerTable;
 use crate::event::json::{ChangeJson, ColumnsForm, ValueJson};
 
 /// What a sink's JSON says of a change's columns (`column_types` in the
@@ -188,13 +189,11 @@ impl Serialize for SinkChangeJson<'_> {
 /// through `SinkChangeJson`.
 pub(crate) struct Renderer<'a> {
     columns: Columns,
-    heads: Vec<Head<'a>>,
-    last: usize,
+    heads: PerTable<'a, Head>,
 }
 
 /// A table's part of its changes' JSON.
-struct Head<'a> {
-    relation: &'a crate::event::Relation,
+struct Head {
     /// `,"schema":…,"table":…,"key":[…]` and `,"columns":[…]` as they apply.
     fixed: Vec<u8>,
     /// Each column's `"name":`, as a range of `names`.
@@ -207,8 +206,7 @@ impl<'a> Renderer<'a> {
     pub(crate) fn new(columns: Columns) -> Renderer<'a> {
         Renderer {
             columns,
-            heads: Vec::new(),
-            last: 0,
+            heads: PerTable::default(),
         }
     }
 
@@ -233,7 +231,11 @@ impl<'a> Renderer<'a> {
         else {
             return self.write_rest_slowly(out, change);
         };
-        let Some(head) = self.head(relation) else {
+        let columns = self.columns;
+        let Ok(head) = self
+            .heads
+            .get_or_try_insert_with(relation, || Ok::<_, &str>(Head::of(relation, columns)))
+        else {
             return self.write_rest_slowly(out, change);
         };
         out.extend_from_slice(b"\"op\":\"");
@@ -266,29 +268,10 @@ impl<'a> Renderer<'a> {
             out.remove(start);
         }
     }
-
-    /// The head of `relation`'s changes, rendered on first use.
-    fn head(&mut self, relation: &'a crate::event::Relation) -> Option<&Head<'a>> {
-        let found = match self.heads.get(self.last) {
-            Some(head) if std::ptr::eq(head.relation, relation) => Some(self.last),
-            _ => self
-                .heads
-                .iter()
-                .position(|h| std::ptr::eq(h.relation, relation)),
-        };
-        self.last = match found {
-            Some(index) => index,
-            None => {
-                self.heads.push(Head::of(relation, self.columns));
-                self.heads.len() - 1
-            }
-        };
-        self.heads.get(self.last)
-    }
 }
 
-impl<'a> Head<'a> {
-    fn of(relation: &'a crate::event::Relation, columns: Columns) -> Head<'a> {
+impl Head {
+    fn of(relation: &crate::event::Relation, columns: Columns) -> Head {
         // What `SinkChangeJson` writes after `op`: the same serializer,
         // for the same escaping. Writing into a Vec cannot fail.
         let mut fixed = Vec::new();
@@ -317,7 +300,6 @@ impl<'a> Head<'a> {
             name_at.push(start..names.len());
         }
         Head {
-            relation,
             fixed,
             name_at,
             names,
@@ -341,7 +323,7 @@ mod erased {
 /// A row as a JSON object: what `SinkChangeJson`'s `Fields` writes.
 fn write_fields(
     out: &mut Vec<u8>,
-    head: &Head<'_>,
+    head: &Head,
     columns: &[crate::event::Column],
     values: &[Value],
     key_only: bool,

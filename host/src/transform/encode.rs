@@ -17,6 +17,7 @@ use serde::{Deserializer, Serialize, Serializer};
 
 use super::TransformError;
 use super::sandbox::guest_text;
+use crate::event::batch::PerTable;
 use crate::event::{Batch, Change, Column, OldRow, Relation};
 
 /// One change of a transformed batch: a source change passed through
@@ -102,61 +103,37 @@ fn write_input<'a>(
 
 /// A table's part of its changes, encoded once per call: the `schema`,
 /// `table` and `columns` entries, and each column's name.
-struct Head<'a> {
-    relation: &'a Relation,
+struct Head {
     entries: Vec<u8>,
     /// Each column's encoded name, as a range of `names`.
     name_at: Vec<std::ops::Range<usize>>,
     names: Vec<u8>,
 }
 
-/// The heads of the tables seen in one call (a batch touches few tables:
-/// searched in order, the last one found first).
-#[derive(Default)]
-struct Heads<'a> {
-    heads: Vec<Head<'a>>,
-    last: usize,
-}
+/// The heads of the tables seen in one call.
+type Heads<'a> = PerTable<'a, Head>;
 
-impl<'a> Heads<'a> {
-    fn of(&mut self, relation: &'a Relation) -> Result<&Head<'a>, EncodeError> {
-        let found = match self.heads.get(self.last) {
-            Some(head) if std::ptr::eq(head.relation, relation) => Some(self.last),
-            _ => self
-                .heads
-                .iter()
-                .position(|h| std::ptr::eq(h.relation, relation)),
-        };
-        let index = match found {
-            Some(index) => index,
-            None => {
-                let mut entries = Vec::new();
-                rmp::encode::write_str(&mut entries, "schema")?;
-                rmp::encode::write_str(&mut entries, &relation.schema)?;
-                rmp::encode::write_str(&mut entries, "table")?;
-                rmp::encode::write_str(&mut entries, &relation.table)?;
-                rmp::encode::write_str(&mut entries, "columns")?;
-                rmp_serde::encode::write_named(&mut entries, &Columns(&relation.columns))?;
-                let mut names = Vec::new();
-                let mut name_at = Vec::with_capacity(relation.columns.len());
-                for column in &relation.columns {
-                    let start = names.len();
-                    rmp::encode::write_str(&mut names, &column.name)?;
-                    name_at.push(start..names.len());
-                }
-                self.heads.push(Head {
-                    relation,
-                    entries,
-                    name_at,
-                    names,
-                });
-                self.heads.len() - 1
-            }
-        };
-        self.last = index;
-        self.heads
-            .get(index)
-            .ok_or_else(|| "a table's head went missing".into())
+impl Head {
+    fn of(relation: &Relation) -> Result<Head, EncodeError> {
+        let mut entries = Vec::new();
+        rmp::encode::write_str(&mut entries, "schema")?;
+        rmp::encode::write_str(&mut entries, &relation.schema)?;
+        rmp::encode::write_str(&mut entries, "table")?;
+        rmp::encode::write_str(&mut entries, &relation.table)?;
+        rmp::encode::write_str(&mut entries, "columns")?;
+        rmp_serde::encode::write_named(&mut entries, &Columns(&relation.columns))?;
+        let mut names = Vec::new();
+        let mut name_at = Vec::with_capacity(relation.columns.len());
+        for column in &relation.columns {
+            let start = names.len();
+            rmp::encode::write_str(&mut names, &column.name)?;
+            name_at.push(start..names.len());
+        }
+        Ok(Head {
+            entries,
+            name_at,
+            names,
+        })
     }
 }
 
@@ -177,7 +154,7 @@ fn write_source<'a>(
             return Ok(());
         }
     };
-    let head = heads.of(relation)?;
+    let head = heads.get_or_try_insert_with(relation, || Head::of(relation))?;
     let len = 4 + u32::from(new.is_some()) + u32::from(old.is_some());
     rmp::encode::write_map_len(out, len)?;
     rmp::encode::write_str(out, "op")?;
@@ -198,7 +175,7 @@ fn write_source<'a>(
 /// `key_only`).
 fn write_row(
     out: &mut Vec<u8>,
-    head: &Head<'_>,
+    head: &Head,
     columns: &[Column],
     values: &[Value],
     key_only: bool,
