@@ -27,6 +27,7 @@ pub(crate) mod assembler;
 pub(crate) mod catalog;
 pub(crate) mod catchup;
 pub(crate) mod check;
+mod copy_text;
 pub(crate) mod ddl;
 pub(crate) mod pgoutput;
 pub(crate) mod replication;
