@@ -496,6 +496,12 @@ pub enum SinkSpec {
         /// (`docs/schema.md`).
         #[serde(default)]
         schema_changes: SchemaChanges,
+        /// Record in the target, in each write's transaction, the position
+        /// of the last transaction applied from each source table
+        /// (`datum_applied`), and skip what was applied already when the
+        /// tail after the checkpoint comes again.
+        #[serde(default = "yes")]
+        track_applied: bool,
     },
     /// Each batch POSTed as JSON.
     Http {

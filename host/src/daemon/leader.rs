@@ -127,13 +127,8 @@ const TRY_LOCK: &str = "SELECT pg_try_advisory_lock(hashtextextended('datum lead
 /// pipeline configured alike for two shards); their fences in a shared
 /// target must not be one.
 async fn system_identifier(client: &tokio_postgres::Client) -> Result<String, String> {
-    client
-        .query_one(
-            "SELECT system_identifier::text FROM pg_control_system()",
-            &[],
-        )
+    crate::source::catalog::system_identifier(client)
         .await
-        .and_then(|row| row.try_get(0))
         .map_err(|e| {
             let mut err = crate::pg::error_chain(&e);
             if e.as_db_error().map(|d| d.code().code()) == Some("42501") {

@@ -294,14 +294,17 @@ pub(crate) const GROUP_MAX_BATCHES: usize = 1024;
 pub async fn run<S: Sink>(
     config: PipelineConfig,
     store: Arc<Store>,
-    sink: S,
+    mut sink: S,
     started: Option<tokio::sync::oneshot::Sender<Handles>>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), PipelineError> {
     let mut shutdown = std::pin::pin!(shutdown);
-    let Some(offset) = start_position(&config, &store, shutdown.as_mut()).await? else {
+    let Some((offset, source)) = start_position(&config, &store, shutdown.as_mut()).await? else {
         return Ok(());
     };
+    if let Some(source) = source {
+        sink.follow(&format!("{source}/{}", config.source.slot));
+    }
     let chain = active_chain(&config, offset);
     tracing::info!(pipeline = %config.name, resume_after = %offset.end_lsn, modules = chain.info().len(), "pipeline starting");
 
@@ -347,14 +350,15 @@ pub async fn run<S: Sink>(
 }
 
 /// Where the pipeline resumes: its checkpoint, once the source is prepared
-/// (which retries while the server cannot be reached). A slot the state
-/// file has never heard of is refused unless `adopt_slot`; a recreated slot
-/// starts over. `None`: shutdown came first.
+/// (which retries while the server cannot be reached), with the source's
+/// system identifier when it could be read. A slot the state file has
+/// never heard of is refused unless `adopt_slot`; a recreated slot starts
+/// over. `None`: shutdown came first.
 async fn start_position(
     config: &PipelineConfig,
     store: &Store,
     shutdown: Pin<&mut impl Future<Output = ()>>,
-) -> Result<Option<Offset>, PipelineError> {
+) -> Result<Option<(Offset, Option<String>)>, PipelineError> {
     let name = &config.name;
     let checkpoint = store.offset(name)?;
     let Some(prepared) = prepare_source(config, store, checkpoint, shutdown).await? else {
@@ -409,7 +413,7 @@ async fn start_position(
             snapshot::request_all(store, name)?;
         }
     }
-    Ok(Some(offset))
+    Ok(Some((offset, prepared.system_identifier)))
 }
 
 /// The modules in force: the hot-swappable chain the configuration brings,

@@ -442,29 +442,7 @@ struct Held {
 /// The tables a batch touches, each once; `None` when it carries a logical
 /// message, which may concern any table.
 fn tables(batch: &Batch) -> Option<Vec<u32>> {
-    let mut oids = Vec::new();
-    let mut last = None;
-    for change in &batch.changes {
-        let oid = match change {
-            Change::Insert { relation, .. }
-            | Change::Snapshot { relation, .. }
-            | Change::Update { relation, .. }
-            | Change::Delete { relation, .. }
-            | Change::Schema { relation, .. } => relation.oid,
-            Change::Truncate { relations, .. } => {
-                oids.extend(relations.iter().map(|r| r.oid));
-                continue;
-            }
-            Change::Message { .. } => return None,
-        };
-        if last != Some(oid) {
-            oids.push(oid);
-            last = Some(oid);
-        }
-    }
-    oids.sort_unstable();
-    oids.dedup();
-    Some(oids)
+    (!batch.has_message()).then(|| batch.tables())
 }
 
 /// Whether a batch carries rows of a copy.

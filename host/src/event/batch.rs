@@ -347,4 +347,44 @@ impl Batch {
     pub fn cost(&self, limits: crate::event::BatchLimits) -> usize {
         cost(self.bytes, self.changes.len(), limits)
     }
+
+    /// The tables its changes touch (their OIDs), each once, in order of
+    /// OID. A logical message names none ([`Batch::has_message`]).
+    pub fn tables(&self) -> Vec<u32> {
+        self.relations().iter().map(|r| r.oid).collect()
+    }
+
+    /// The relations its changes touch, one per table (the first seen),
+    /// in order of OID.
+    pub fn relations(&self) -> Vec<&Arc<Relation>> {
+        let mut relations: Vec<&Arc<Relation>> = Vec::new();
+        for change in &self.changes {
+            match change {
+                Change::Insert { relation, .. }
+                | Change::Snapshot { relation, .. }
+                | Change::Update { relation, .. }
+                | Change::Delete { relation, .. }
+                | Change::Schema { relation, .. } => {
+                    if relations.last().is_none_or(|r| r.oid != relation.oid) {
+                        relations.push(relation);
+                    }
+                }
+                Change::Truncate {
+                    relations: truncated,
+                    ..
+                } => relations.extend(truncated),
+                Change::Message { .. } => {}
+            }
+        }
+        relations.sort_by_key(|r| r.oid);
+        relations.dedup_by_key(|r| r.oid);
+        relations
+    }
+
+    /// Whether it carries a logical message.
+    pub fn has_message(&self) -> bool {
+        self.changes
+            .iter()
+            .any(|c| matches!(c, Change::Message { .. }))
+    }
 }

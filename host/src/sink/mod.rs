@@ -142,6 +142,15 @@ pub trait Sink: Send {
     fn overtaken(&self) -> bool {
         false
     }
+
+    /// Names the stream the next batches come from, the same on every host
+    /// and for no other source (the source's system identifier and the
+    /// slot, `SYSTEMID/SLOT`), before the first write of each run. A sink
+    /// that records what it applied keys the record by it. The default
+    /// records nothing.
+    fn follow(&mut self, stream: &str) {
+        let _ = stream;
+    }
 }
 
 impl<S: Sink> Sink for &mut S {
@@ -170,6 +179,10 @@ impl<S: Sink> Sink for &mut S {
 
     fn overtaken(&self) -> bool {
         (**self).overtaken()
+    }
+
+    fn follow(&mut self, stream: &str) {
+        (**self).follow(stream)
     }
 }
 
@@ -242,6 +255,13 @@ impl Sink for AnySink {
             AnySink::Stdout(_) | AnySink::File(_) | AnySink::Http(_) | AnySink::Nats(_) => false,
         }
     }
+
+    fn follow(&mut self, stream: &str) {
+        match self {
+            AnySink::Postgres(sink) => sink.follow(stream),
+            AnySink::Stdout(_) | AnySink::File(_) | AnySink::Http(_) | AnySink::Nats(_) => {}
+        }
+    }
 }
 
 impl AnySink {
@@ -299,6 +319,7 @@ pub(crate) async fn open(spec: &SinkSpec, pipeline: &str) -> Result<AnySink, Str
             schema,
             tables,
             schema_changes,
+            track_applied,
         } => AnySink::Postgres(Box::new(
             PostgresSink::connect(
                 &url.0,
@@ -310,7 +331,8 @@ pub(crate) async fn open(spec: &SinkSpec, pipeline: &str) -> Result<AnySink, Str
             )
             .await
             .map_err(|e| e.to_string())?
-            .with_schema_changes(*schema_changes),
+            .with_schema_changes(*schema_changes)
+            .tracking_applied(*track_applied),
         )),
         SinkSpec::Nats(nats) => {
             let settings = NatsSettings::from_spec(nats)?;

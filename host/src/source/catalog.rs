@@ -189,6 +189,19 @@ pub(crate) async fn slot_state(
 }
 
 /// A setting as `SHOW` reports it.
+/// The server's system identifier: the same on a standby promoted in its
+/// place, different for every other cluster (`pg_control_system()`, which
+/// PostgreSQL lets everyone run unless it was revoked).
+pub(crate) async fn system_identifier(client: &Client) -> Result<String, tokio_postgres::Error> {
+    client
+        .query_one(
+            "SELECT system_identifier::text FROM pg_control_system()",
+            &[],
+        )
+        .await
+        .and_then(|row| row.try_get(0))
+}
+
 pub(crate) async fn show(client: &Client, setting: &str) -> Result<String, SourceError> {
     let row = client
         .query_one("SELECT current_setting($1)", &[&setting])

@@ -310,6 +310,9 @@ pub struct Prepared {
     /// The slot was recreated (`recreate_slot`): the checkpoint no longer
     /// applies, and the target needs a resync.
     pub resync_needed: bool,
+    /// The server's system identifier; `None` when the source's user may
+    /// not read it (the error, said once in the log).
+    pub system_identifier: Option<String>,
 }
 
 /// Checks the requirements and creates what is missing: the publication
@@ -383,12 +386,20 @@ pub async fn prepare(
             true,
         ),
     };
+    let system_identifier = match catalog::system_identifier(&client).await {
+        Ok(id) => Some(id),
+        Err(e) => {
+            tracing::warn!(error = %crate::pg::error_chain(&e), "cannot read the source's system identifier (GRANT EXECUTE ON FUNCTION pg_control_system() TO the source's user): a postgres sink does not record what it applied, and a replay after a crash relies on its writes being idempotent");
+            None
+        }
+    };
     Ok(Prepared {
         report,
         created_publication,
         created_slot,
         confirmed_flush,
         resync_needed,
+        system_identifier,
     })
 }
 

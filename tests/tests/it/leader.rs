@@ -15,14 +15,16 @@ use crate::snapshot::{two_databases, wait_equal, writer};
 /// One machine's configuration: its own state file and admin port, the
 /// same pipeline as the other's.
 fn config(src: &str, dst: &str, dir: &Path, port: u16) -> String {
-    config_with(src, dst, dir, port, "")
+    config_with(src, dst, "", dir, port, "")
 }
 
-/// `config`, with `extra` settings of the pipeline.
-fn config_with(src: &str, dst: &str, dir: &Path, port: u16, extra: &str) -> String {
-    crate::snapshot::config(
+/// `config`, with `sink` settings of the postgres sink (`, key = value`
+/// each) and `extra` settings of the pipeline.
+fn config_with(src: &str, dst: &str, sink: &str, dir: &Path, port: u16, extra: &str) -> String {
+    crate::snapshot::config_sink(
         src,
         dst,
+        sink,
         dir,
         port,
         &["public.t"],
@@ -66,9 +68,15 @@ impl Machine {
 
     /// A machine whose pipeline has `extra` settings.
     fn with(name: &str, src: &str, dst: &str, extra: &str) -> Machine {
+        Machine::with_sink(name, src, dst, "", extra)
+    }
+
+    /// A machine whose postgres sink has `sink` settings (`, key = value`
+    /// each) and whose pipeline has `extra` settings.
+    fn with_sink(name: &str, src: &str, dst: &str, sink: &str, extra: &str) -> Machine {
         let dir = temp_dir(name);
         let port = free_port();
-        let config = config_with(src, dst, &dir, port, extra);
+        let config = config_with(src, dst, sink, &dir, port, extra);
         let host = Some(Host::start(&dir, &config));
         Machine {
             dir,
@@ -319,14 +327,22 @@ async fn same_rows(src: &tokio_postgres::Client, dst: &tokio_postgres::Client) {
 /// The slot behind the checkpoint is made with a copy of the slot taken
 /// before the changes (what a crash between checkpoint and confirmation
 /// leaves); the other host's partial replay is written to the target by
-/// hand (the first change again, not the second).
+/// hand (the first change again, not the second). A sink that records
+/// what it applied leaves a replay of it out, so the target goes back
+/// only when that record is off (`track_applied = false`), as here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_whose_checkpoint_is_ahead_of_the_shared_slot_resumes_from_the_slot() {
     let pg = cluster();
     let (src, dst) = two_databases(&pg).await;
     same_rows(&src, &dst).await;
     let (src_url, dst_url) = (pg.conninfo("src"), pg.conninfo("dst"));
-    let mut a = Machine::new("behind-a", &src_url, &dst_url);
+    let mut a = Machine::with_sink(
+        "behind-a",
+        &src_url,
+        &dst_url,
+        ", track_applied = false",
+        "",
+    );
     a.wait_running().await;
     src.batch_execute("SELECT pg_copy_logical_replication_slot('datum_p', 'kept')")
         .await

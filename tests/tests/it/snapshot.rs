@@ -24,7 +24,24 @@ pub(crate) fn config(
     tables: &[&str],
     extra: &str,
 ) -> String {
-    let sink = format!("{{ type = \"postgres\", url = {} }}", toml_string(dst));
+    config_sink(src, dst, "", dir, port, tables, extra)
+}
+
+/// `config`, with `sink` settings of the postgres sink besides its url
+/// (`, key = value` each).
+pub(crate) fn config_sink(
+    src: &str,
+    dst: &str,
+    sink: &str,
+    dir: &Path,
+    port: u16,
+    tables: &[&str],
+    extra: &str,
+) -> String {
+    let sink = format!(
+        "{{ type = \"postgres\", url = {}{sink} }}",
+        toml_string(dst)
+    );
     host_config(src, dir, port, tables, &sink, extra)
 }
 
@@ -531,6 +548,19 @@ async fn tabs_newlines_and_backslashes_in_keys_and_values_are_copied_exactly() {
         .expect("an entry");
     assert_eq!(entry["rows"].as_u64(), Some(12), "{entry}");
     assert!(entry["chunks"].as_u64().unwrap_or(0) >= 4, "{entry}");
+    // The sink recorded the last transaction it applied of the table: the
+    // copy's last high watermark.
+    let recorded = dst
+        .query(
+            "SELECT stream FROM datum_applied WHERE source_table = 'public.awkward' \
+             AND commit_lsn > '0/0'",
+            &[],
+        )
+        .await
+        .expect("the sink's record");
+    assert_eq!(recorded.len(), 1);
+    let stream: &str = recorded[0].get(0);
+    assert!(stream.ends_with("/datum_p"), "{stream}");
 }
 
 /// kill -9 of the host at random moments during a copy, ten times, then a

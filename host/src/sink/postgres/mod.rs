@@ -14,14 +14,20 @@
 //! `apply` adds columns and widens types in the write's transaction). It
 //! does not create tables, and it does not retry: the pipeline does.
 //!
-//! Idempotence, so that replaying the un-checkpointed tail after a crash
-//! ends in the same state: an upsert writes the whole row whatever the
-//! target holds; a delete of an absent row does nothing; an update whose key
-//! changed deletes the old key first. An update that left a TOASTed value
-//! out (`Value::Unchanged`) cannot be written as a whole row, so it becomes
-//! an `UPDATE` of the columns it has, which does nothing when the row is
+//! Replaying the un-checkpointed tail after a crash: what the target
+//! applied before is left out, by a record of each source table's last
+//! transaction applied, written in the same target transactions
+//! ([`applied`], `track_applied`). Without that record, idempotence does
+//! most of it: an upsert writes the whole row whatever the target holds; a
+//! delete of an absent row does nothing; an update whose key changed
+//! deletes the old key first. An update that left a TOASTed value out
+//! (`Value::Unchanged`) cannot be written as a whole row, so it becomes an
+//! `UPDATE` of the columns it has, which does nothing when the row is
 //! absent: the row is then absent because a later change (replayed too)
-//! deleted or moved it, and inventing it with a NULL would be wrong.
+//! deleted or moved it, and inventing it with a NULL would be wrong. But
+//! when it also moved the row to a new key and a later transaction put a
+//! new row at the old key, it moves that row instead: only the record
+//! avoids that.
 //!
 //! Values travel as text-format parameters, each in PostgreSQL's text form;
 //! the server infers every parameter's type from the target column, so any
@@ -34,6 +40,7 @@
 //! batch of many rows costs the server's work, not a round trip per row,
 //! and a group of small batches one commit.
 
+mod applied;
 mod schema;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -69,6 +76,10 @@ pub struct PostgresSink {
     fence: Option<Fence>,
     /// The fence check, prepared on the live connection.
     fence_check: Option<Statement>,
+    /// Whether to record what was applied (`track_applied`).
+    track_applied: bool,
+    /// What was applied, once the pipeline named its stream.
+    applied: Option<applied::Applied>,
 }
 
 /// This host's claim on the target while it leads the pipeline
@@ -144,6 +155,8 @@ impl PostgresSink {
             schema_changes: SchemaChanges::default(),
             fence: None,
             fence_check: None,
+            track_applied: false,
+            applied: None,
         };
         sink.reconnect().await?;
         Ok(sink)
@@ -155,6 +168,13 @@ impl PostgresSink {
         self
     }
 
+    /// Records what is applied in the target and skips what it has when a
+    /// stream is followed ([`Sink::follow`]; default: off).
+    pub fn tracking_applied(mut self, on: bool) -> PostgresSink {
+        self.track_applied = on;
+        self
+    }
+
     /// Leaves the target session, with what was kept for it: its prepared
     /// statements, and the keys looked up (a person may fix the target
     /// before the next one).
@@ -162,6 +182,9 @@ impl PostgresSink {
         self.statements.clear();
         self.primary_keys.clear();
         self.fence_check = None;
+        if let Some(applied) = &mut self.applied {
+            applied.forget();
+        }
         self.client.take()
     }
 
@@ -188,13 +211,19 @@ impl PostgresSink {
 
     /// The fence table, quoted.
     fn fence_table(&self) -> String {
+        self.own_table(FENCE_TABLE)
+    }
+
+    /// A table of Datum's own in the target, quoted: in the sink's
+    /// `schema`, else in `public`.
+    fn own_table(&self, table: &str) -> String {
         Target {
             schema: self
                 .routes
                 .schema
                 .clone()
                 .unwrap_or_else(|| "public".to_owned()),
-            table: FENCE_TABLE.to_owned(),
+            table: table.to_owned(),
         }
         .sql()
     }
@@ -274,13 +303,35 @@ impl PostgresSink {
         Ok(term)
     }
 
-    /// Applies `batches` in one target transaction, in order.
+    /// Applies `batches` in one target transaction, in order: those the
+    /// target has already left out, and what it applies recorded
+    /// ([`applied`]).
     async fn apply(&mut self, batches: &[Transformed]) -> Result<(), Failure> {
+        let record_table = self.own_table(applied::APPLIED_TABLE);
+        if let Some(applied) = self.applied.as_mut().filter(|a| !a.loaded()) {
+            let client = self.client.as_ref().ok_or_else(|| Failure {
+                error: SinkError::transient("not connected to the target database"),
+                lost: true,
+            })?;
+            applied.load(applied::read(client, &record_table, &applied.stream).await?);
+        }
+        let skipped: Vec<bool> = batches
+            .iter()
+            .map(|b| self.applied.as_ref().is_some_and(|a| a.has(&b.source)))
+            .collect();
+        if skipped.iter().any(|s| *s) {
+            tracing::debug!(
+                target = %target_name(&self.info),
+                skipped = skipped.iter().filter(|s| **s).count(),
+                "left out batches the target applied before (a replay after a restart)"
+            );
+        }
         let mut plan = Vec::new();
         // What the target tables looked like, read once per transaction
         // and then kept as the planned DDL leaves them.
         let mut targets: HashMap<Target, Option<Vec<TargetColumn>>> = HashMap::new();
-        for change in batches.iter().flat_map(Transformed::changes) {
+        let kept = batches.iter().zip(&skipped).filter(|(_, s)| !**s);
+        for change in kept.flat_map(|(b, _)| b.changes()) {
             let change = change.to_wire();
             if change.op == Op::Schema {
                 self.plan_schema(&change, &mut targets, &mut plan).await?;
@@ -289,7 +340,20 @@ impl PostgresSink {
                 plan_change(&self.routes, &change, primary.as_deref(), &mut plan)?;
             }
         }
-        let plan = coalesce(plan);
+        let mut plan = coalesce(plan);
+        let recorded = self.applied.as_ref().map(|a| a.plan(batches, &skipped));
+        if let (Some(applied), Some(recorded)) = (&self.applied, &recorded) {
+            for (oid, (name, at)) in &recorded.completed {
+                plan.push(Planned {
+                    sql: applied::record_sql(&record_table),
+                    params: applied::record_params(&applied.stream, *oid, name, *at),
+                    target: None,
+                    simple: false,
+                    ddl: false,
+                    upsert: None,
+                });
+            }
+        }
         let client = self.client.as_mut().ok_or_else(|| Failure {
             error: SinkError::transient("not connected to the target database"),
             lost: true,
@@ -392,6 +456,9 @@ impl PostgresSink {
         tx.commit()
             .await
             .map_err(|e| failure(e, "committing", None))?;
+        if let (Some(applied), Some(recorded)) = (&mut self.applied, recorded) {
+            applied.committed(recorded);
+        }
         Ok(())
     }
 }
@@ -575,10 +642,13 @@ impl Sink for PostgresSink {
                     self.leave_session();
                 }
                 // A person may fix the target (add a primary key) before
-                // the batch comes again: look the keys up afresh, and
-                // prepare the fence check again.
+                // the batch comes again: look the keys up afresh, prepare
+                // the fence check again, and read what it applied again.
                 self.primary_keys.clear();
                 self.fence_check = None;
+                if let Some(applied) = &mut self.applied {
+                    applied.forget();
+                }
                 Err(error)
             }
         }
@@ -599,6 +669,10 @@ impl Sink for PostgresSink {
             }
         };
         tracing::info!(target = %target_name(&self.info), holder = %holder, term, "claimed the target: writes of hosts that led before are refused");
+        // Hosts that led before may have applied more since this one read.
+        if let Some(applied) = &mut self.applied {
+            applied.forget();
+        }
         self.fence = Some(Fence {
             table: self.fence_table(),
             holder: holder.to_owned(),
@@ -610,6 +684,12 @@ impl Sink for PostgresSink {
 
     fn overtaken(&self) -> bool {
         self.fence.as_ref().is_some_and(|f| f.overtaken)
+    }
+
+    fn follow(&mut self, stream: &str) {
+        if self.track_applied {
+            self.applied = Some(applied::Applied::new(stream));
+        }
     }
 
     /// Cancels the statement the given-up write left running on the target

@@ -1,0 +1,241 @@
+//! What the sink has applied, recorded in the target itself: for each
+//! source table, the commit position of the last transaction of it applied
+//! in full, written in the same target transaction as that transaction's
+//! rows (the table `datum_applied`, keyed by the stream, `SYSTEMID/SLOT`,
+//! and the source table's OID).
+//!
+//! After a crash the pipeline delivers again the tail after its
+//! checkpoint. Most of it the target reflects already, and applying it
+//! again is harmless for whole rows, but not for an update that moved a
+//! row to a new key and left a TOASTed value out: replayed after a later
+//! transaction put a new row at the old key, it would move that new row's
+//! value (`sink_postgres::a_replayed_key_change_does_not_move_a_later_row_s_toast_value`).
+//! So a batch is skipped when every table it touches has a transaction at
+//! or after its own recorded.
+//!
+//! Why per table: a table's batches reach the sink in commit order, but
+//! with `snapshot.order = "table"` the batches of other tables may pass a
+//! copy's rows (`docs/snapshots.md`), so positions are ordered within a
+//! table only. Why whole transactions: a large transaction comes in chunks
+//! whose bounds depend on the batch limits, which may change between runs,
+//! while a checkpoint only ever falls between transactions; a transaction
+//! applied in part is applied again from its first chunk, as before.
+
+use std::collections::{BTreeMap, HashMap};
+
+use tokio_postgres::Client;
+
+use super::PgText;
+use crate::event::{Batch, Lsn};
+use crate::sink::SinkError;
+use crate::transform::Transformed;
+
+/// The table's name, in the sink's `schema` or else `public`.
+pub(super) const APPLIED_TABLE: &str = "datum_applied";
+
+/// What this run knows of what the target has applied.
+#[derive(Debug)]
+pub(super) struct Applied {
+    /// The stream's key, `SYSTEMID/SLOT`.
+    pub stream: String,
+    /// Each source table's last transaction applied in full (its commit
+    /// LSN), by OID: read from the target on the live connection, `None`
+    /// until then.
+    done: Option<HashMap<u32, u64>>,
+    /// Transactions some chunks of which were applied, by commit LSN: the
+    /// tables those chunks touched.
+    open: HashMap<u64, BTreeMap<u32, String>>,
+}
+
+/// What one write records, planned with its statements and kept once it
+/// committed.
+#[derive(Debug, Default)]
+pub(super) struct Recorded {
+    /// Tables whose transaction ends in this write: name and commit LSN.
+    pub completed: BTreeMap<u32, (String, u64)>,
+    /// Transactions still open after this write (their tables so far), or
+    /// `None` for those this write completed.
+    open: HashMap<u64, Option<BTreeMap<u32, String>>>,
+}
+
+impl Applied {
+    pub(super) fn new(stream: &str) -> Applied {
+        Applied {
+            stream: stream.to_owned(),
+            done: None,
+            open: HashMap::new(),
+        }
+    }
+
+    /// Whether the record was read on the live connection.
+    pub(super) fn loaded(&self) -> bool {
+        self.done.is_some()
+    }
+
+    /// Reads the record again before the next write (a new connection, a
+    /// failed write, another host that may have written since).
+    pub(super) fn forget(&mut self) {
+        self.done = None;
+    }
+
+    /// Sets the record read from the target.
+    pub(super) fn load(&mut self, done: HashMap<u32, u64>) {
+        self.done = Some(done);
+    }
+
+    /// Whether the target has `batch` already: it touches tables, and for
+    /// each of them a transaction at or after its own was applied in full.
+    /// A batch without a position (made by hand: commit LSN 0) never is.
+    pub(super) fn has(&self, batch: &Batch) -> bool {
+        let Some(done) = &self.done else {
+            return false;
+        };
+        let at = batch.txn.commit_lsn;
+        let tables = batch.tables();
+        at != 0
+            && !tables.is_empty()
+            && tables
+                .iter()
+                .all(|oid| done.get(oid).is_some_and(|last| *last >= at))
+    }
+
+    /// What writing `batches` records, those in `skipped` left out.
+    pub(super) fn plan(&self, batches: &[Transformed], skipped: &[bool]) -> Recorded {
+        let mut recorded = Recorded::default();
+        for (batch, _) in batches.iter().zip(skipped).filter(|(_, s)| !**s) {
+            let txn = &batch.source.txn;
+            if txn.commit_lsn == 0 {
+                continue;
+            }
+            let mut tables = match recorded.open.remove(&txn.commit_lsn) {
+                Some(open) => open.unwrap_or_default(),
+                None => self.open.get(&txn.commit_lsn).cloned().unwrap_or_default(),
+            };
+            for relation in batch.source.relations() {
+                tables
+                    .entry(relation.oid)
+                    .or_insert_with(|| format!("{}.{}", relation.schema, relation.table));
+            }
+            if txn.last {
+                for (oid, name) in tables {
+                    recorded.completed.insert(oid, (name, txn.commit_lsn));
+                }
+                recorded.open.insert(txn.commit_lsn, None);
+            } else {
+                recorded.open.insert(txn.commit_lsn, Some(tables));
+            }
+        }
+        recorded
+    }
+
+    /// Keeps what a committed write recorded.
+    pub(super) fn committed(&mut self, recorded: Recorded) {
+        if let Some(done) = &mut self.done {
+            for (oid, (_, at)) in &recorded.completed {
+                let last = done.entry(*oid).or_default();
+                *last = (*last).max(*at);
+            }
+        }
+        for (at, open) in recorded.open {
+            match open {
+                Some(tables) => self.open.insert(at, tables),
+                None => self.open.remove(&at),
+            };
+        }
+    }
+}
+
+/// The statement that records one table's transaction; its parameters
+/// are [`record_params`].
+pub(super) fn record_sql(table: &str) -> String {
+    format!(
+        "INSERT INTO {table} AS a (stream, table_oid, source_table, commit_lsn) \
+         VALUES ($1, $2, $3, $4) ON CONFLICT (stream, table_oid) DO UPDATE SET \
+         source_table = EXCLUDED.source_table, commit_lsn = EXCLUDED.commit_lsn, \
+         applied_at = now() WHERE a.commit_lsn < EXCLUDED.commit_lsn"
+    )
+}
+
+/// The parameters of [`record_sql`].
+pub(super) fn record_params(stream: &str, oid: u32, name: &str, at: u64) -> Vec<PgText> {
+    vec![
+        PgText(Some(stream.to_owned())),
+        PgText(Some(oid.to_string())),
+        PgText(Some(name.to_owned())),
+        PgText(Some(Lsn(at).to_string())),
+    ]
+}
+
+/// Reads `stream`'s record from `table`, creating the table when it is
+/// missing.
+pub(super) async fn read(
+    client: &Client,
+    table: &str,
+    stream: &str,
+) -> Result<HashMap<u32, u64>, SinkError> {
+    let failed = |e: tokio_postgres::Error| {
+        let mut err = super::failure(e, "reading what the target applied", None).error;
+        if let SinkError::Refused(message) = &mut err {
+            message.push_str(&format!(
+                "; the postgres sink records what it applied in {table}: let the sink's user \
+                 create it, or create it with CREATE TABLE {table} (stream text NOT NULL, \
+                 table_oid oid NOT NULL, source_table text NOT NULL, commit_lsn pg_lsn NOT \
+                 NULL, applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (stream, \
+                 table_oid)) and GRANT SELECT, INSERT, UPDATE on it to the sink's user; or set \
+                 track_applied = false in the sink (docs/config.md)"
+            ));
+        }
+        err
+    };
+    let exists: bool = client
+        .query_one("SELECT to_regclass($1::text) IS NOT NULL", &[&table])
+        .await
+        .and_then(|row| row.try_get(0))
+        .map_err(failed)?;
+    if !exists {
+        client
+            .batch_execute(&format!(
+                "CREATE TABLE IF NOT EXISTS {table} (stream text NOT NULL, \
+                 table_oid oid NOT NULL, source_table text NOT NULL, \
+                 commit_lsn pg_lsn NOT NULL, \
+                 applied_at timestamptz NOT NULL DEFAULT now(), \
+                 PRIMARY KEY (stream, table_oid))"
+            ))
+            .await
+            .map_err(|e| {
+                // Two sessions creating it at once: one of them wins.
+                let code = e.as_db_error().map(|d| d.code().code());
+                if matches!(code, Some("23505" | "42P07")) {
+                    SinkError::transient(format!(
+                        "another session created {table} at the same moment; trying again"
+                    ))
+                } else {
+                    failed(e)
+                }
+            })?;
+    }
+    let rows = client
+        .query(
+            &format!(
+                "SELECT table_oid, (commit_lsn - '0/0'::pg_lsn)::text FROM {table} \
+                 WHERE stream = $1"
+            ),
+            &[&stream],
+        )
+        .await
+        .map_err(failed)?;
+    let mut done = HashMap::new();
+    for row in rows {
+        let oid: u32 = row.try_get(0).map_err(failed)?;
+        let at: &str = row.try_get(1).map_err(failed)?;
+        let at = at.parse::<u64>().map_err(|_| {
+            SinkError::definite(format!(
+                "{table} holds the position {at:?} for table OID {oid}, which is not one \
+                 Datum wrote: delete that row (the tail after the checkpoint is then applied \
+                 again) and start the pipeline again"
+            ))
+        })?;
+        done.insert(oid, at);
+    }
+    Ok(done)
+}
