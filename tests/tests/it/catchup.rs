@@ -232,13 +232,17 @@ async fn a_stream_falling_far_behind_switches_to_catch_up_and_back_without_loss_
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     });
-    // 400 transactions of 10 rows with 200-byte bodies: several MiB of WAL,
-    // written much faster than the consumer below reads.
+    // 400 transactions of 10 rows with 1,000-byte bodies: several MiB of
+    // WAL, written much faster than the consumer below reads, and more than
+    // the socket's buffers hold, so that the stream has not received it
+    // all by the time it leaves for a catch-up (a catch-up leaves out what
+    // the stream received: with 200-byte bodies, under load, it once had
+    // nothing left to read).
     sql(
         &client,
         &[
             "DO $$ BEGIN FOR i IN 0..399 LOOP
-             INSERT INTO t SELECT g, repeat('x', 200) FROM generate_series(i * 10, i * 10 + 9) g;
+             INSERT INTO t SELECT g, repeat('x', 1000) FROM generate_series(i * 10, i * 10 + 9) g;
              COMMIT;
            END LOOP; END $$",
             "INSERT INTO done VALUES (1)",
