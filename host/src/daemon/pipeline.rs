@@ -302,9 +302,10 @@ pub async fn run<S: Sink>(
     let Some((offset, source)) = start_position(&config, &store, shutdown.as_mut()).await? else {
         return Ok(());
     };
-    if let Some(source) = source {
-        sink.follow(&format!("{source}/{}", config.source.slot));
-    }
+    let stream = source
+        .system_identifier
+        .map(|id| format!("{id}/{}", config.source.slot));
+    sink.follow(stream.as_deref(), source.fresh);
     let chain = active_chain(&config, offset);
     tracing::info!(pipeline = %config.name, resume_after = %offset.end_lsn, modules = chain.info().len(), "pipeline starting");
 
@@ -349,16 +350,24 @@ pub async fn run<S: Sink>(
     stages.stop(&config, deadline, gave_up, outcome).await
 }
 
+/// What the sink is told of the stream it receives ([`Sink::follow`]).
+struct StreamSource {
+    /// The source's system identifier, when it could be read.
+    system_identifier: Option<String>,
+    /// The slot was created (or recreated) for this run.
+    fresh: bool,
+}
+
 /// Where the pipeline resumes: its checkpoint, once the source is prepared
-/// (which retries while the server cannot be reached), with the source's
-/// system identifier when it could be read. A slot the state file has
-/// never heard of is refused unless `adopt_slot`; a recreated slot starts
-/// over. `None`: shutdown came first.
+/// (which retries while the server cannot be reached), and what the sink
+/// is told of the stream. A slot the state file has never heard of is
+/// refused unless `adopt_slot`; a recreated slot starts over. `None`:
+/// shutdown came first.
 async fn start_position(
     config: &PipelineConfig,
     store: &Store,
     shutdown: Pin<&mut impl Future<Output = ()>>,
-) -> Result<Option<(Offset, Option<String>)>, PipelineError> {
+) -> Result<Option<(Offset, StreamSource)>, PipelineError> {
     let name = &config.name;
     let checkpoint = store.offset(name)?;
     let Some(prepared) = prepare_source(config, store, checkpoint, shutdown).await? else {
@@ -413,7 +422,11 @@ async fn start_position(
             snapshot::request_all(store, name)?;
         }
     }
-    Ok(Some((offset, prepared.system_identifier)))
+    let source = StreamSource {
+        system_identifier: prepared.system_identifier,
+        fresh: prepared.created_slot || prepared.resync_needed,
+    };
+    Ok(Some((offset, source)))
 }
 
 /// The modules in force: the hot-swappable chain the configuration brings,
@@ -908,7 +921,7 @@ impl<S: Sink> Delivery<'_, S> {
         replay: Replay,
         shutdown: Pin<&mut F>,
     ) -> bool {
-        let write = self.sink.write(&replay.batch);
+        let write = self.sink.write_outside(&replay.batch);
         let Some(result) =
             watched(write, shutdown, &mut self.drain, self.config, self.counters).await
         else {

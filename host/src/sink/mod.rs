@@ -143,13 +143,26 @@ pub trait Sink: Send {
         false
     }
 
-    /// Names the stream the next batches come from, the same on every host
-    /// and for no other source (the source's system identifier and the
-    /// slot, `SYSTEMID/SLOT`), before the first write of each run. A sink
-    /// that records what it applied keys the record by it. The default
-    /// records nothing.
-    fn follow(&mut self, stream: &str) {
-        let _ = stream;
+    /// Names the stream the next batches come from, before the first write
+    /// of each run: the same on every host (the source's system identifier
+    /// and the slot, `SYSTEMID/SLOT`), or `None` when the source's system
+    /// identifier could not be read. `fresh`: the slot was created for this
+    /// run (new, or recreated), so nothing recorded of the stream before
+    /// applies (a source restored from a backup keeps its identifier, not
+    /// its positions). A sink that records what it applied keys the record
+    /// by it. The default records nothing.
+    fn follow(&mut self, stream: Option<&str>, fresh: bool) {
+        let _ = (stream, fresh);
+    }
+
+    /// Writes a batch from outside the stream (a dead letter replayed):
+    /// out of the stream's order, so a sink that records what it applied
+    /// neither records it nor leaves it out. The default is `write`.
+    fn write_outside(
+        &mut self,
+        batch: &Transformed,
+    ) -> impl Future<Output = Result<(), SinkError>> + Send {
+        self.write(batch)
     }
 }
 
@@ -181,8 +194,15 @@ impl<S: Sink> Sink for &mut S {
         (**self).overtaken()
     }
 
-    fn follow(&mut self, stream: &str) {
-        (**self).follow(stream)
+    fn follow(&mut self, stream: Option<&str>, fresh: bool) {
+        (**self).follow(stream, fresh)
+    }
+
+    fn write_outside(
+        &mut self,
+        batch: &Transformed,
+    ) -> impl Future<Output = Result<(), SinkError>> + Send {
+        (**self).write_outside(batch)
     }
 }
 
@@ -256,10 +276,17 @@ impl Sink for AnySink {
         }
     }
 
-    fn follow(&mut self, stream: &str) {
+    fn follow(&mut self, stream: Option<&str>, fresh: bool) {
         match self {
-            AnySink::Postgres(sink) => sink.follow(stream),
+            AnySink::Postgres(sink) => sink.follow(stream, fresh),
             AnySink::Stdout(_) | AnySink::File(_) | AnySink::Http(_) | AnySink::Nats(_) => {}
+        }
+    }
+
+    async fn write_outside(&mut self, batch: &Transformed) -> Result<(), SinkError> {
+        match self {
+            AnySink::Postgres(sink) => sink.write_outside(batch).await,
+            _ => self.write(batch).await,
         }
     }
 }

@@ -188,10 +188,10 @@ pub(crate) async fn slot_state(
     }))
 }
 
-/// A setting as `SHOW` reports it.
-/// The server's system identifier: the same on a standby promoted in its
-/// place, different for every other cluster (`pg_control_system()`, which
-/// PostgreSQL lets everyone run unless it was revoked).
+/// The server's system identifier (`pg_control_system()`, which PostgreSQL
+/// lets everyone run unless it was revoked): made by `initdb`, so shared by
+/// every cluster made from a base backup of it (a standby promoted in its
+/// place, a restored backup) and by no other.
 pub(crate) async fn system_identifier(client: &Client) -> Result<String, tokio_postgres::Error> {
     client
         .query_one(
@@ -202,6 +202,7 @@ pub(crate) async fn system_identifier(client: &Client) -> Result<String, tokio_p
         .and_then(|row| row.try_get(0))
 }
 
+/// A setting as `SHOW` reports it.
 pub(crate) async fn show(client: &Client, setting: &str) -> Result<String, SourceError> {
     let row = client
         .query_one("SELECT current_setting($1)", &[&setting])

@@ -173,6 +173,11 @@ async fn the_target_ends_equal_to_the_source_and_replays_change_nothing() {
 /// suffix of the stream replayed leaves the target equal to the source. A
 /// transaction that comes in chunks is recorded, for every table any of
 /// its chunks touched, with its last chunk.
+///
+/// Around it: a sink user who may not create the record's table gets a
+/// transient error that says what to grant, and nothing is written; a
+/// dead letter replayed (outside the stream) is applied and not recorded;
+/// a record left from before a slot was created is cleared, not obeyed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replayed_key_change_does_not_move_a_later_row_s_toast_value() {
     let pg = cluster();
@@ -181,6 +186,16 @@ async fn a_replayed_key_change_does_not_move_a_later_row_s_toast_value() {
     let target = connect(&pg.conninfo("target")).await;
     sql(&source, TABLES).await;
     sql(&target, TABLES).await;
+    sql(
+        &target,
+        &["CREATE ROLE writer LOGIN; GRANT ALL ON a, b TO writer; \
+           REVOKE CREATE ON SCHEMA public FROM PUBLIC"],
+    )
+    .await;
+    let as_writer = pg
+        .conninfo("target")
+        .replace("user=postgres", "user=writer");
+    assert!(as_writer.contains("user=writer"), "{as_writer}");
     let mut config = config(&pg, "pub", "slot", &["a", "b"]);
     config.limits.max_rows = 16;
     let mut running = Running::start(config, Lsn::ZERO, 16).await;
@@ -205,13 +220,35 @@ async fn a_replayed_key_change_does_not_move_a_later_row_s_toast_value() {
         batches.iter().any(|b| !b.txn.last),
         "a transaction came in chunks"
     );
-    let mut sink = PostgresSink::connect(&pg.conninfo("target"), None, BTreeMap::new())
+    let sink = |fresh: bool| {
+        let url = as_writer.clone();
+        async move {
+            let mut sink = PostgresSink::connect(&url, None, BTreeMap::new())
+                .await
+                .expect("connects")
+                .tracking_applied(true);
+            sink.follow(Some("system/slot"), fresh);
+            sink
+        }
+    };
+
+    // The record's table cannot be made yet: the write waits.
+    let mut first = sink(true).await;
+    let refused = first
+        .write(&Transformed::untouched(batches[0].clone()))
         .await
-        .expect("connects")
-        .tracking_applied(true);
-    sink.follow("system/slot");
+        .expect_err("no table for the record");
+    assert!(
+        refused.is_transient()
+            && refused.to_string().contains("datum_applied")
+            && refused.to_string().contains("GRANT"),
+        "{refused}"
+    );
+    assert!(rows(&target, A).await.is_empty());
+    sql(&target, &["GRANT CREATE ON SCHEMA public TO writer"]).await;
     for batch in &batches {
-        sink.write(&Transformed::untouched(batch.clone()))
+        first
+            .write(&Transformed::untouched(batch.clone()))
             .await
             .expect("writes");
     }
@@ -230,21 +267,23 @@ async fn a_replayed_key_change_does_not_move_a_later_row_s_toast_value() {
             *at = (*at).max(batch.txn.commit_lsn);
         }
     }
-    let recorded: BTreeMap<String, u64> = target
-        .query(
-            "SELECT source_table, (commit_lsn - '0/0'::pg_lsn)::text FROM datum_applied \
-             WHERE stream = 'system/slot'",
-            &[],
-        )
-        .await
-        .expect("the record")
-        .iter()
-        .map(|row| {
-            let at: &str = row.get(1);
-            (row.get(0), at.parse().expect("a number"))
-        })
-        .collect();
-    assert_eq!(recorded, last);
+    let recorded = || async {
+        target
+            .query(
+                "SELECT source_table, (commit_lsn - '0/0'::pg_lsn)::text FROM datum_applied \
+                 WHERE stream = 'system/slot'",
+                &[],
+            )
+            .await
+            .expect("the record")
+            .iter()
+            .map(|row| {
+                let at: &str = row.get(1);
+                (row.get(0), at.parse().expect("a number"))
+            })
+            .collect::<BTreeMap<String, u64>>()
+    };
+    assert_eq!(recorded().await, last);
 
     // A crash before the checkpoint replays the tail, from any
     // transaction on; a new run of the sink reads the record again.
@@ -252,11 +291,7 @@ async fn a_replayed_key_change_does_not_move_a_later_row_s_toast_value() {
         .filter(|i| *i == 0 || batches[i - 1].txn.last)
         .collect();
     for from in starts.into_iter().rev() {
-        let mut sink = PostgresSink::connect(&pg.conninfo("target"), None, BTreeMap::new())
-            .await
-            .expect("connects")
-            .tracking_applied(true);
-        sink.follow("system/slot");
+        let mut sink = sink(false).await;
         for batch in &batches[from..] {
             sink.write(&Transformed::untouched(batch.clone()))
                 .await
@@ -265,6 +300,60 @@ async fn a_replayed_key_change_does_not_move_a_later_row_s_toast_value() {
         assert_eq!(rows(&target, A).await, want_a, "replayed from batch {from}");
         assert_eq!(rows(&target, B).await, want_b, "replayed from batch {from}");
     }
+
+    // A dead letter replayed is applied though recorded, and not recorded.
+    let mut replayer = sink(false).await;
+    replayer
+        .write_outside(&Transformed::untouched(batches[0].clone()))
+        .await
+        .expect("a dead letter replayed");
+    let name: Option<String> = target
+        .query_one("SELECT name FROM a WHERE id = 1", &[])
+        .await
+        .expect("row 1")
+        .get(0);
+    assert_eq!(name.as_deref(), Some("first"));
+    assert_eq!(recorded().await, last);
+
+    // A record from before the slot was created (a source restored from a
+    // backup, its positions behind): obeyed, it would leave out what
+    // comes next; cleared, it does not.
+    sql(
+        &target,
+        &["UPDATE datum_applied SET commit_lsn = 'FF/0' WHERE source_table = 'public.a'"],
+    )
+    .await;
+    sql(&source, &["UPDATE a SET name = 'after' WHERE id = 10"]).await;
+    let after = running
+        .until(20, |b| {
+            render(b).iter().any(|line| line.contains("'after'"))
+        })
+        .await;
+    let after_name = || async {
+        target
+            .query_one("SELECT name FROM a WHERE id = 10", &[])
+            .await
+            .expect("row 10")
+            .get::<_, Option<String>>(0)
+    };
+    let mut stale = sink(false).await;
+    for batch in &after {
+        stale
+            .write(&Transformed::untouched(batch.clone()))
+            .await
+            .expect("writes");
+    }
+    assert_eq!(after_name().await.as_deref(), Some("moved"), "left out");
+    let mut fresh = sink(true).await;
+    for batch in &after {
+        fresh
+            .write(&Transformed::untouched(batch.clone()))
+            .await
+            .expect("writes");
+    }
+    assert_eq!(after_name().await.as_deref(), Some("after"));
+    let recorded = recorded().await;
+    assert_eq!(recorded.len(), 1, "only this run's: {recorded:?}");
     running.stop().await.expect("the source stops cleanly");
 }
 

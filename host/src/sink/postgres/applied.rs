@@ -20,18 +20,39 @@
 //! whose bounds depend on the batch limits, which may change between runs,
 //! while a checkpoint only ever falls between transactions; a transaction
 //! applied in part is applied again from its first chunk, as before.
+//!
+//! What is not in the stream's order is neither left out nor recorded: a
+//! dead letter replayed (`Sink::write_outside`). A run on a slot created
+//! for it (new, or recreated) starts the record of its stream afresh: a
+//! source restored from a backup keeps its system identifier but not its
+//! positions. A failure to read or write the record is never the batch's
+//! (which `on_error` could skip): the write is tried again, the error
+//! saying what to grant.
 
 use std::collections::{BTreeMap, HashMap};
 
 use tokio_postgres::Client;
 
-use super::PgText;
+use super::{Failure, PgText};
 use crate::event::{Batch, Lsn};
 use crate::sink::SinkError;
 use crate::transform::Transformed;
 
 /// The table's name, in the sink's `schema` or else `public`.
 pub(super) const APPLIED_TABLE: &str = "datum_applied";
+
+/// Its columns, after `CREATE TABLE name`.
+const COLUMNS: &str = "(stream text NOT NULL, table_oid oid NOT NULL, \
+                       source_table text NOT NULL, commit_lsn pg_lsn NOT NULL, \
+                       applied_at timestamptz NOT NULL DEFAULT now(), \
+                       PRIMARY KEY (stream, table_oid))";
+
+/// Transactions applied in part kept in memory at most: one whose last
+/// chunk never came (a module failed on it, it went to the dead letters)
+/// would otherwise stay. One forgotten is recorded, when its last chunk
+/// comes, for the tables of that chunk only: a replay then applies its
+/// earlier chunks again, as without a record.
+const OPEN_KEPT: usize = 256;
 
 /// What this run knows of what the target has applied.
 #[derive(Debug)]
@@ -42,6 +63,9 @@ pub(super) struct Applied {
     /// LSN), by OID: read from the target on the live connection, `None`
     /// until then.
     done: Option<HashMap<u32, u64>>,
+    /// The stream's slot was created for this run: its earlier record is
+    /// cleared when first read.
+    fresh: bool,
     /// Transactions some chunks of which were applied, by commit LSN: the
     /// tables those chunks touched.
     open: HashMap<u64, BTreeMap<u32, String>>,
@@ -59,10 +83,11 @@ pub(super) struct Recorded {
 }
 
 impl Applied {
-    pub(super) fn new(stream: &str) -> Applied {
+    pub(super) fn new(stream: &str, fresh: bool) -> Applied {
         Applied {
             stream: stream.to_owned(),
             done: None,
+            fresh,
             open: HashMap::new(),
         }
     }
@@ -78,9 +103,13 @@ impl Applied {
         self.done = None;
     }
 
-    /// Sets the record read from the target.
-    pub(super) fn load(&mut self, done: HashMap<u32, u64>) {
-        self.done = Some(done);
+    /// Whether writing `batches` completes a transaction some chunks of
+    /// which were applied before.
+    pub(super) fn completes(&self, batches: &[Transformed]) -> bool {
+        batches.iter().any(|b| {
+            let txn = &b.source.txn;
+            txn.last && self.open.contains_key(&txn.commit_lsn)
+        })
     }
 
     /// Whether the target has `batch` already: it touches tables, and for
@@ -118,7 +147,8 @@ impl Applied {
             }
             if txn.last {
                 for (oid, name) in tables {
-                    recorded.completed.insert(oid, (name, txn.commit_lsn));
+                    let entry = recorded.completed.entry(oid).or_insert((name, 0));
+                    entry.1 = entry.1.max(txn.commit_lsn);
                 }
                 recorded.open.insert(txn.commit_lsn, None);
             } else {
@@ -141,6 +171,12 @@ impl Applied {
                 Some(tables) => self.open.insert(at, tables),
                 None => self.open.remove(&at),
             };
+        }
+        while self.open.len() > OPEN_KEPT {
+            let Some(oldest) = self.open.keys().min().copied() else {
+                break;
+            };
+            self.open.remove(&oldest);
         }
     }
 }
@@ -166,27 +202,35 @@ pub(super) fn record_params(stream: &str, oid: u32, name: &str, at: u64) -> Vec<
     ]
 }
 
-/// Reads `stream`'s record from `table`, creating the table when it is
-/// missing.
+/// What to grant or create when the record cannot be read or written.
+fn hint(table: &str) -> String {
+    format!(
+        "the postgres sink records what it applied in {table}: let the sink's user create \
+         it, or create it with CREATE TABLE {table} {COLUMNS} and GRANT SELECT, INSERT, \
+         UPDATE, DELETE on it to the sink's user; or set track_applied = false in the sink \
+         (docs/config.md)"
+    )
+}
+
+/// A failed read or write of the record: never a refusal of the batch
+/// (which `on_error` could skip, acknowledging it unwritten), but a wait
+/// until a person grants what is missing.
+pub(super) fn record_failure(err: tokio_postgres::Error, table: &str) -> Failure {
+    let mut failed = super::failure(err, "recording what the target applied", None);
+    if let SinkError::Refused(message) = &failed.error {
+        failed.error = SinkError::transient(format!("{message}; {}", hint(table)));
+    }
+    failed
+}
+
+/// Reads `applied`'s record from `table` (cleared first when its slot is
+/// new), creating the table when it is missing.
 pub(super) async fn read(
     client: &Client,
     table: &str,
-    stream: &str,
-) -> Result<HashMap<u32, u64>, SinkError> {
-    let failed = |e: tokio_postgres::Error| {
-        let mut err = super::failure(e, "reading what the target applied", None).error;
-        if let SinkError::Refused(message) = &mut err {
-            message.push_str(&format!(
-                "; the postgres sink records what it applied in {table}: let the sink's user \
-                 create it, or create it with CREATE TABLE {table} (stream text NOT NULL, \
-                 table_oid oid NOT NULL, source_table text NOT NULL, commit_lsn pg_lsn NOT \
-                 NULL, applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (stream, \
-                 table_oid)) and GRANT SELECT, INSERT, UPDATE on it to the sink's user; or set \
-                 track_applied = false in the sink (docs/config.md)"
-            ));
-        }
-        err
-    };
+    applied: &mut Applied,
+) -> Result<(), Failure> {
+    let failed = |e: tokio_postgres::Error| record_failure(e, table);
     let exists: bool = client
         .query_one("SELECT to_regclass($1::text) IS NOT NULL", &[&table])
         .await
@@ -194,25 +238,29 @@ pub(super) async fn read(
         .map_err(failed)?;
     if !exists {
         client
-            .batch_execute(&format!(
-                "CREATE TABLE IF NOT EXISTS {table} (stream text NOT NULL, \
-                 table_oid oid NOT NULL, source_table text NOT NULL, \
-                 commit_lsn pg_lsn NOT NULL, \
-                 applied_at timestamptz NOT NULL DEFAULT now(), \
-                 PRIMARY KEY (stream, table_oid))"
-            ))
+            .batch_execute(&format!("CREATE TABLE IF NOT EXISTS {table} {COLUMNS}"))
             .await
             .map_err(|e| {
                 // Two sessions creating it at once: one of them wins.
                 let code = e.as_db_error().map(|d| d.code().code());
                 if matches!(code, Some("23505" | "42P07")) {
-                    SinkError::transient(format!(
+                    Failure::from(SinkError::transient(format!(
                         "another session created {table} at the same moment; trying again"
-                    ))
+                    )))
                 } else {
                     failed(e)
                 }
             })?;
+    }
+    if applied.fresh {
+        client
+            .execute(
+                &format!("DELETE FROM {table} WHERE stream = $1"),
+                &[&applied.stream],
+            )
+            .await
+            .map_err(failed)?;
+        applied.fresh = false;
     }
     let rows = client
         .query(
@@ -220,7 +268,7 @@ pub(super) async fn read(
                 "SELECT table_oid, (commit_lsn - '0/0'::pg_lsn)::text FROM {table} \
                  WHERE stream = $1"
             ),
-            &[&stream],
+            &[&applied.stream],
         )
         .await
         .map_err(failed)?;
@@ -229,13 +277,14 @@ pub(super) async fn read(
         let oid: u32 = row.try_get(0).map_err(failed)?;
         let at: &str = row.try_get(1).map_err(failed)?;
         let at = at.parse::<u64>().map_err(|_| {
-            SinkError::definite(format!(
+            Failure::from(SinkError::transient(format!(
                 "{table} holds the position {at:?} for table OID {oid}, which is not one \
                  Datum wrote: delete that row (the tail after the checkpoint is then applied \
-                 again) and start the pipeline again"
-            ))
+                 again, as without a record)"
+            )))
         })?;
         done.insert(oid, at);
     }
-    Ok(done)
+    applied.done = Some(done);
+    Ok(())
 }

@@ -309,11 +309,8 @@ impl PostgresSink {
     async fn apply(&mut self, batches: &[Transformed]) -> Result<(), Failure> {
         let record_table = self.own_table(applied::APPLIED_TABLE);
         if let Some(applied) = self.applied.as_mut().filter(|a| !a.loaded()) {
-            let client = self.client.as_ref().ok_or_else(|| Failure {
-                error: SinkError::transient("not connected to the target database"),
-                lost: true,
-            })?;
-            applied.load(applied::read(client, &record_table, &applied.stream).await?);
+            let client = self.client.as_ref().ok_or_else(not_connected)?;
+            applied::read(client, &record_table, applied).await?;
         }
         let skipped: Vec<bool> = batches
             .iter()
@@ -351,13 +348,11 @@ impl PostgresSink {
                     simple: false,
                     ddl: false,
                     upsert: None,
+                    record: Some(record_table.clone()),
                 });
             }
         }
-        let client = self.client.as_mut().ok_or_else(|| Failure {
-            error: SinkError::transient("not connected to the target database"),
-            lost: true,
-        })?;
+        let client = self.client.as_mut().ok_or_else(not_connected)?;
         let tx = client
             .transaction()
             .await
@@ -603,6 +598,9 @@ async fn pipeline(
     .await;
     for (result, planned) in done.into_iter().zip(run) {
         if let Some(Err(e)) = result {
+            if let Some(table) = &planned.record {
+                return Err(applied::record_failure(e, table));
+            }
             return Err(failure(e, "writing", planned.target.as_ref()));
         }
     }
@@ -628,7 +626,10 @@ impl Sink for PostgresSink {
                 }
                 ChangeRef::Wire(change) => change.op != Op::Message,
             });
-        if !applies {
+        // A transaction's last chunk with nothing to apply still records
+        // the tables of the chunks before it.
+        let completes = self.applied.as_ref().is_some_and(|a| a.completes(batches));
+        if !applies && !completes {
             return Ok(());
         }
         if self.client.as_ref().is_none_or(Client::is_closed) {
@@ -686,10 +687,23 @@ impl Sink for PostgresSink {
         self.fence.as_ref().is_some_and(|f| f.overtaken)
     }
 
-    fn follow(&mut self, stream: &str) {
-        if self.track_applied {
-            self.applied = Some(applied::Applied::new(stream));
+    fn follow(&mut self, stream: Option<&str>, fresh: bool) {
+        self.applied = stream
+            .filter(|_| self.track_applied)
+            .map(|stream| applied::Applied::new(stream, fresh));
+    }
+
+    /// Neither left out nor recorded: see [`Sink::write_outside`].
+    async fn write_outside(&mut self, batch: &Transformed) -> Result<(), SinkError> {
+        let applied = self.applied.take();
+        let written = self.write_group(std::slice::from_ref(batch)).await;
+        self.applied = applied;
+        if written.is_err()
+            && let Some(applied) = &mut self.applied
+        {
+            applied.forget();
         }
+        written
     }
 
     /// Cancels the statement the given-up write left running on the target
@@ -731,6 +745,14 @@ const CANCEL_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
 struct Failure {
     error: SinkError,
     lost: bool,
+}
+
+/// A write without a connection.
+fn not_connected() -> Failure {
+    Failure {
+        error: SinkError::transient("not connected to the target database"),
+        lost: true,
+    }
 }
 
 impl From<SinkError> for Failure {
@@ -907,6 +929,7 @@ fn plan_change(
                 simple: true,
                 ddl: false,
                 upsert: None,
+                record: None,
             });
             Ok(())
         }
@@ -979,6 +1002,9 @@ struct Planned {
     ddl: bool,
     /// A one-row upsert's parts, to join it with the next ones.
     upsert: Option<Upsert>,
+    /// It records what was applied ([`applied`]) in this table: its
+    /// failure is never the batch's.
+    record: Option<String>,
 }
 
 impl Planned {
@@ -1081,6 +1107,7 @@ fn flush(run: &mut Vec<Planned>, out: &mut Vec<Planned>) {
             simple: false,
             ddl: false,
             upsert: None,
+            record: None,
         });
     }
     out.append(run);
@@ -1100,6 +1127,7 @@ impl Exec<'_> {
             simple: false,
             ddl: false,
             upsert: None,
+            record: None,
         });
         Ok(())
     }
@@ -1177,6 +1205,7 @@ impl Exec<'_> {
             simple: false,
             ddl: false,
             upsert: Some(Upsert { head, tail, key }),
+            record: None,
         });
         Ok(())
     }
@@ -1358,6 +1387,7 @@ mod tests {
                 tail: " ON CONFLICT (k) DO UPDATE".into(),
                 key: vec![0],
             }),
+            record: None,
         };
         let mut texts = HashSet::new();
         for rows in 1..=300 {

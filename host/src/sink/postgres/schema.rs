@@ -156,6 +156,7 @@ impl PostgresSink {
                     simple: true,
                     ddl: true,
                     upsert: None,
+                    record: None,
                 });
             }
             return Ok(());
