@@ -231,27 +231,7 @@ pub(super) async fn read(
     applied: &mut Applied,
 ) -> Result<(), Failure> {
     let failed = |e: tokio_postgres::Error| record_failure(e, table);
-    let exists: bool = client
-        .query_one("SELECT to_regclass($1::text) IS NOT NULL", &[&table])
-        .await
-        .and_then(|row| row.try_get(0))
-        .map_err(failed)?;
-    if !exists {
-        client
-            .batch_execute(&format!("CREATE TABLE IF NOT EXISTS {table} {COLUMNS}"))
-            .await
-            .map_err(|e| {
-                // Two sessions creating it at once: one of them wins.
-                let code = e.as_db_error().map(|d| d.code().code());
-                if matches!(code, Some("23505" | "42P07")) {
-                    Failure::from(SinkError::transient(format!(
-                        "another session created {table} at the same moment; trying again"
-                    )))
-                } else {
-                    failed(e)
-                }
-            })?;
-    }
+    super::create_own_table(client, table, COLUMNS, failed).await?;
     if applied.fresh {
         client
             .execute(

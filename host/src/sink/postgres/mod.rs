@@ -105,6 +105,10 @@ struct Fence {
 /// The fence table's name, in the sink's `schema` or else `public`.
 const FENCE_TABLE: &str = "datum_fence";
 
+/// Its columns, after `CREATE TABLE name`.
+const FENCE_COLUMNS: &str =
+    "(holder text PRIMARY KEY, term bigint NOT NULL, taken_at timestamptz NOT NULL DEFAULT now())";
+
 /// How long raising the term may wait for the writes of the host that led
 /// before (each holds the fence row until its transaction ends) before
 /// the attempt fails, to be tried again.
@@ -243,37 +247,12 @@ impl PostgresSink {
                 message.push_str(&format!(
                     "; a pipeline with source.leader_lock writes through a fence table: \
                      create it, or let the sink's user create it, with CREATE TABLE {table} \
-                     (holder text PRIMARY KEY, term bigint NOT NULL, taken_at timestamptz NOT \
-                     NULL DEFAULT now()) and GRANT SELECT, INSERT, UPDATE on it to the sink's \
-                     user"
+                     {FENCE_COLUMNS} and GRANT SELECT, INSERT, UPDATE on it to the sink's user"
                 ));
             }
             err
         };
-        let exists: bool = client
-            .query_one("SELECT to_regclass($1::text) IS NOT NULL", &[&table])
-            .await
-            .and_then(|row| row.try_get(0))
-            .map_err(claim_failed)?;
-        if !exists {
-            client
-                .batch_execute(&format!(
-                    "CREATE TABLE IF NOT EXISTS {table} (holder text PRIMARY KEY, \
-                     term bigint NOT NULL, taken_at timestamptz NOT NULL DEFAULT now())"
-                ))
-                .await
-                .map_err(|e| {
-                    // Two hosts creating it at once: one of them wins.
-                    let code = e.as_db_error().map(|d| d.code().code());
-                    if matches!(code, Some("23505" | "42P07")) {
-                        SinkError::transient(format!(
-                            "another session created {table} at the same moment; trying again"
-                        ))
-                    } else {
-                        claim_failed(e)
-                    }
-                })?;
-        }
+        create_own_table(client, &table, FENCE_COLUMNS, claim_failed).await?;
         let tx = client.transaction().await.map_err(claim_failed)?;
         tx.batch_execute(&format!("SET LOCAL lock_timeout = '{TAKE_OVER_WAIT}'"))
             .await
@@ -745,6 +724,38 @@ const CANCEL_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
 struct Failure {
     error: SinkError,
     lost: bool,
+}
+
+/// Creates a table of Datum's own (`table`, quoted; `columns`, its
+/// definition) when it is missing. `failed` says what a failure means.
+async fn create_own_table<E: From<SinkError>>(
+    client: &Client,
+    table: &str,
+    columns: &str,
+    failed: impl Fn(tokio_postgres::Error) -> E,
+) -> Result<(), E> {
+    let exists: bool = client
+        .query_one("SELECT to_regclass($1::text) IS NOT NULL", &[&table])
+        .await
+        .and_then(|row| row.try_get(0))
+        .map_err(&failed)?;
+    if exists {
+        return Ok(());
+    }
+    client
+        .batch_execute(&format!("CREATE TABLE IF NOT EXISTS {table} {columns}"))
+        .await
+        .map_err(|e| {
+            // Two sessions creating it at once: one of them wins.
+            let code = e.as_db_error().map(|d| d.code().code());
+            if matches!(code, Some("23505" | "42P07")) {
+                E::from(SinkError::transient(format!(
+                    "another session created {table} at the same moment; trying again"
+                )))
+            } else {
+                failed(e)
+            }
+        })
 }
 
 /// A write without a connection.
