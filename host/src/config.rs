@@ -499,9 +499,10 @@ pub enum SinkSpec {
         /// Record in the target, in each write's transaction, the position
         /// of the last transaction applied from each source table
         /// (`datum_applied`), and skip what was applied already when the
-        /// tail after the checkpoint comes again.
-        #[serde(default = "yes")]
-        track_applied: bool,
+        /// tail after the checkpoint comes again: `true` requires it,
+        /// `false` never does it, unset does it when the sink's user may.
+        #[serde(default)]
+        track_applied: Option<bool>,
     },
     /// Each batch POSTed as JSON.
     Http {

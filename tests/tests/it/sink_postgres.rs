@@ -174,8 +174,9 @@ async fn the_target_ends_equal_to_the_source_and_replays_change_nothing() {
 /// transaction that comes in chunks is recorded, for every table any of
 /// its chunks touched, with its last chunk.
 ///
-/// Around it: a sink user who may not create the record's table gets a
-/// transient error that says what to grant, and nothing is written; a
+/// Around it: a sink user who may not create the record's table writes
+/// without it unless `track_applied = true`, when the write waits with a
+/// transient error that says what to grant, nothing written; a
 /// dead letter replayed (outside the stream) is applied and not recorded;
 /// a record left from before a slot was created is cleared, not obeyed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -220,19 +221,35 @@ async fn a_replayed_key_change_does_not_move_a_later_row_s_toast_value() {
         batches.iter().any(|b| !b.txn.last),
         "a transaction came in chunks"
     );
-    let sink = |fresh: bool| {
+    let tracking = |track: Option<bool>, fresh: bool| {
         let url = as_writer.clone();
         async move {
             let mut sink = PostgresSink::connect(&url, None, BTreeMap::new())
                 .await
                 .expect("connects")
-                .tracking_applied(true);
+                .tracking_applied(track);
             sink.follow(Some("system/slot"), fresh);
             sink
         }
     };
+    let sink = |fresh: bool| tracking(Some(true), fresh);
 
-    // The record's table cannot be made yet: the write waits.
+    // The record's table cannot be made yet. Unless the record is
+    // required, the sink writes without it (and says what to grant).
+    let mut unrecorded = tracking(None, true).await;
+    unrecorded
+        .write(&Transformed::untouched(batches[0].clone()))
+        .await
+        .expect("written without a record");
+    assert_eq!(rows(&target, A).await.len(), 1);
+    let made: bool = target
+        .query_one("SELECT to_regclass('datum_applied') IS NOT NULL", &[])
+        .await
+        .expect("to_regclass")
+        .get(0);
+    assert!(!made);
+    sql(&target, &["DELETE FROM a"]).await;
+    // Required, the write waits.
     let mut first = sink(true).await;
     let refused = first
         .write(&Transformed::untouched(batches[0].clone()))

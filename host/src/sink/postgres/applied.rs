@@ -27,7 +27,8 @@
 //! source restored from a backup keeps its system identifier but not its
 //! positions. A failure to read or write the record is never the batch's
 //! (which `on_error` could skip): the write is tried again, the error
-//! saying what to grant.
+//! saying what to grant. A sink's user who may not keep the record at all
+//! writes without it, with a warning, unless `track_applied = true`.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -223,15 +224,55 @@ pub(super) fn record_failure(err: tokio_postgres::Error, table: &str) -> Failure
     failed
 }
 
+/// Why the record cannot be read.
+pub(super) enum Unusable {
+    /// The sink's user may not create or use the table: what to grant.
+    Denied(String),
+    /// Anything else.
+    Failed(Failure),
+}
+
+impl From<SinkError> for Unusable {
+    fn from(error: SinkError) -> Unusable {
+        Unusable::Failed(Failure::from(error))
+    }
+}
+
 /// Reads `applied`'s record from `table` (cleared first when its slot is
 /// new), creating the table when it is missing.
 pub(super) async fn read(
     client: &Client,
     table: &str,
     applied: &mut Applied,
-) -> Result<(), Failure> {
-    let failed = |e: tokio_postgres::Error| record_failure(e, table);
+) -> Result<(), Unusable> {
+    let denied = || {
+        Unusable::Denied(format!(
+            "the sink's user may not use {table}; {}",
+            hint(table)
+        ))
+    };
+    let failed = |e: tokio_postgres::Error| {
+        if e.as_db_error().map(|d| d.code().code()) == Some("42501") {
+            denied()
+        } else {
+            Unusable::Failed(record_failure(e, table))
+        }
+    };
     super::create_own_table(client, table, COLUMNS, failed).await?;
+    let may: bool = client
+        .query_one(
+            "SELECT has_table_privilege($1::text, 'SELECT') \
+                AND has_table_privilege($1::text, 'INSERT') \
+                AND has_table_privilege($1::text, 'UPDATE') \
+                AND (NOT $2 OR has_table_privilege($1::text, 'DELETE'))",
+            &[&table, &applied.fresh],
+        )
+        .await
+        .and_then(|row| row.try_get(0))
+        .map_err(failed)?;
+    if !may {
+        return Err(denied());
+    }
     if applied.fresh {
         client
             .execute(
@@ -257,7 +298,7 @@ pub(super) async fn read(
         let oid: u32 = row.try_get(0).map_err(failed)?;
         let at: &str = row.try_get(1).map_err(failed)?;
         let at = at.parse::<u64>().map_err(|_| {
-            Failure::from(SinkError::transient(format!(
+            Unusable::from(SinkError::transient(format!(
                 "{table} holds the position {at:?} for table OID {oid}, which is not one \
                  Datum wrote: delete that row (the tail after the checkpoint is then applied \
                  again, as without a record)"

@@ -76,8 +76,10 @@ pub struct PostgresSink {
     fence: Option<Fence>,
     /// The fence check, prepared on the live connection.
     fence_check: Option<Statement>,
-    /// Whether to record what was applied (`track_applied`).
-    track_applied: bool,
+    /// Whether to record what was applied (`track_applied`): always
+    /// (`Some(true)`, writes wait while the record cannot be used), never,
+    /// or when the sink's user may (`None`).
+    track_applied: Option<bool>,
     /// What was applied, once the pipeline named its stream.
     applied: Option<applied::Applied>,
 }
@@ -159,7 +161,7 @@ impl PostgresSink {
             schema_changes: SchemaChanges::default(),
             fence: None,
             fence_check: None,
-            track_applied: false,
+            track_applied: Some(false),
             applied: None,
         };
         sink.reconnect().await?;
@@ -173,9 +175,12 @@ impl PostgresSink {
     }
 
     /// Records what is applied in the target and skips what it has when a
-    /// stream is followed ([`Sink::follow`]; default: off).
-    pub fn tracking_applied(mut self, on: bool) -> PostgresSink {
-        self.track_applied = on;
+    /// stream is followed ([`Sink::follow`]): `Some(true)` always (writes
+    /// wait while the sink's user may not use the record), `None` when the
+    /// sink's user may (a warning says what to grant otherwise). Default:
+    /// `Some(false)`, never.
+    pub fn tracking_applied(mut self, track: Option<bool>) -> PostgresSink {
+        self.track_applied = track;
         self
     }
 
@@ -289,7 +294,19 @@ impl PostgresSink {
         let record_table = self.own_table(applied::APPLIED_TABLE);
         if let Some(applied) = self.applied.as_mut().filter(|a| !a.loaded()) {
             let client = self.client.as_ref().ok_or_else(not_connected)?;
-            applied::read(client, &record_table, applied).await?;
+            match applied::read(client, &record_table, applied).await {
+                Ok(()) => {}
+                Err(applied::Unusable::Denied(why)) if self.track_applied.is_none() => {
+                    tracing::warn!(target = %target_name(&self.info), "{why}: writing without a record of what was applied, so a replay after a crash relies on the writes being idempotent, which an update that moves a row's key and leaves a TOASTed value out is not; grant it, or set track_applied = false to write without the record and without this warning");
+                    self.applied = None;
+                }
+                Err(applied::Unusable::Denied(why)) => {
+                    return Err(Failure::from(SinkError::transient(format!(
+                        "{why} (track_applied = true)"
+                    ))));
+                }
+                Err(applied::Unusable::Failed(failed)) => return Err(failed),
+            }
         }
         let skipped: Vec<bool> = batches
             .iter()
@@ -668,7 +685,7 @@ impl Sink for PostgresSink {
 
     fn follow(&mut self, stream: Option<&str>, fresh: bool) {
         self.applied = stream
-            .filter(|_| self.track_applied)
+            .filter(|_| self.track_applied != Some(false))
             .map(|stream| applied::Applied::new(stream, fresh));
     }
 
