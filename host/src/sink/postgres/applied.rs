@@ -208,7 +208,7 @@ fn hint(table: &str) -> String {
     format!(
         "the postgres sink records what it applied in {table}: let the sink's user create \
          it, or create it with CREATE TABLE {table} {COLUMNS} and GRANT SELECT, INSERT, \
-         UPDATE, DELETE on it to the sink's user; or set track_applied = false in the sink \
+         UPDATE on it to the sink's user; or set track_applied = false in the sink \
          (docs/config.md)"
     )
 }
@@ -263,9 +263,8 @@ pub(super) async fn read(
         .query_one(
             "SELECT has_table_privilege($1::text, 'SELECT') \
                 AND has_table_privilege($1::text, 'INSERT') \
-                AND has_table_privilege($1::text, 'UPDATE') \
-                AND (NOT $2 OR has_table_privilege($1::text, 'DELETE'))",
-            &[&table, &applied.fresh],
+                AND has_table_privilege($1::text, 'UPDATE')",
+            &[&table],
         )
         .await
         .and_then(|row| row.try_get(0))
@@ -274,9 +273,14 @@ pub(super) async fn read(
         return Err(denied());
     }
     if applied.fresh {
+        // Cleared to 0/0 rather than deleted: the grants a record needs
+        // anyway suffice.
         client
             .execute(
-                &format!("DELETE FROM {table} WHERE stream = $1"),
+                &format!(
+                    "UPDATE {table} SET commit_lsn = '0/0', applied_at = now() \
+                     WHERE stream = $1"
+                ),
                 &[&applied.stream],
             )
             .await
