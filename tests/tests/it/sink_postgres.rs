@@ -89,14 +89,25 @@ fn insert(schema: &str, table: &str, id: i64, name: &str, route: Option<&str>) -
     change
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_target_ends_equal_to_the_source_and_replays_change_nothing() {
+/// A cluster whose databases `postgres` (the source) and `target` both
+/// hold [`TABLES`]; sessions on both.
+async fn tables_a_and_b() -> (
+    pg_throwaway::Cluster,
+    tokio_postgres::Client,
+    tokio_postgres::Client,
+) {
     let pg = cluster();
     pg.create_database("target").expect("target database");
     let source = connect(&pg.conninfo("postgres")).await;
     let target = connect(&pg.conninfo("target")).await;
     sql(&source, TABLES).await;
     sql(&target, TABLES).await;
+    (pg, source, target)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_target_ends_equal_to_the_source_and_replays_change_nothing() {
+    let (pg, source, target) = tables_a_and_b().await;
     let mut running = Running::start(config(&pg, "pub", "slot", &["a", "b"]), Lsn::ZERO, 16).await;
     sql(
         &source,
@@ -181,12 +192,7 @@ async fn the_target_ends_equal_to_the_source_and_replays_change_nothing() {
 /// a record left from before a slot was created is cleared, not obeyed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replayed_key_change_does_not_move_a_later_row_s_toast_value() {
-    let pg = cluster();
-    pg.create_database("target").expect("target database");
-    let source = connect(&pg.conninfo("postgres")).await;
-    let target = connect(&pg.conninfo("target")).await;
-    sql(&source, TABLES).await;
-    sql(&target, TABLES).await;
+    let (pg, source, target) = tables_a_and_b().await;
     sql(
         &target,
         &["CREATE ROLE writer LOGIN; GRANT ALL ON a, b TO writer; \

@@ -35,7 +35,11 @@ use std::collections::{BTreeMap, HashMap};
 use tokio_postgres::Client;
 
 use super::{Failure, PgText};
-use crate::event::{Batch, Lsn};
+use std::sync::Arc;
+
+use datum_guest::Txn;
+
+use crate::event::{Lsn, Relation};
 use crate::sink::SinkError;
 use crate::transform::Transformed;
 
@@ -113,26 +117,37 @@ impl Applied {
         })
     }
 
-    /// Whether the target has `batch` already: it touches tables, and for
-    /// each of them a transaction at or after its own was applied in full.
-    /// A batch without a position (made by hand: commit LSN 0) never is.
-    pub(super) fn has(&self, batch: &Batch) -> bool {
+    /// Whether the target has a batch of `txn` touching `tables` already:
+    /// it touches tables, and for each of them a transaction at or after
+    /// its own was applied in full. A batch without a position (made by
+    /// hand: commit LSN 0) never is.
+    pub(super) fn has(&self, txn: &Txn, tables: &[&Arc<Relation>]) -> bool {
         let Some(done) = &self.done else {
             return false;
         };
-        let at = batch.txn.commit_lsn;
-        let tables = batch.tables();
+        let at = txn.commit_lsn;
         at != 0
             && !tables.is_empty()
             && tables
                 .iter()
-                .all(|oid| done.get(oid).is_some_and(|last| *last >= at))
+                .all(|r| done.get(&r.oid).is_some_and(|last| *last >= at))
     }
 
-    /// What writing `batches` records, those in `skipped` left out.
-    pub(super) fn plan(&self, batches: &[Transformed], skipped: &[bool]) -> Recorded {
+    /// What writing `batches` records, each with the tables it touches
+    /// (`Batch::relations`), those in `skipped` left out.
+    pub(super) fn plan(
+        &self,
+        batches: &[Transformed],
+        touched: &[Vec<&Arc<Relation>>],
+        skipped: &[bool],
+    ) -> Recorded {
         let mut recorded = Recorded::default();
-        for (batch, _) in batches.iter().zip(skipped).filter(|(_, s)| !**s) {
+        let kept = batches
+            .iter()
+            .zip(touched)
+            .zip(skipped)
+            .filter(|(_, s)| !**s);
+        for ((batch, relations), _) in kept {
             let txn = &batch.source.txn;
             if txn.commit_lsn == 0 {
                 continue;
@@ -141,7 +156,7 @@ impl Applied {
                 Some(open) => open.unwrap_or_default(),
                 None => self.open.get(&txn.commit_lsn).cloned().unwrap_or_default(),
             };
-            for relation in batch.source.relations() {
+            for relation in relations {
                 tables
                     .entry(relation.oid)
                     .or_insert_with(|| format!("{}.{}", relation.schema, relation.table));

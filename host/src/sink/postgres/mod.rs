@@ -308,9 +308,22 @@ impl PostgresSink {
                 Err(applied::Unusable::Failed(failed)) => return Err(failed),
             }
         }
+        // The tables each batch touches, walked once: only with a record.
+        let touched: Vec<Vec<&std::sync::Arc<crate::event::Relation>>> = batches
+            .iter()
+            .map(|b| match &self.applied {
+                Some(_) => b.source.relations(),
+                None => Vec::new(),
+            })
+            .collect();
         let skipped: Vec<bool> = batches
             .iter()
-            .map(|b| self.applied.as_ref().is_some_and(|a| a.has(&b.source)))
+            .zip(&touched)
+            .map(|(b, tables)| {
+                self.applied
+                    .as_ref()
+                    .is_some_and(|a| a.has(&b.source.txn, tables))
+            })
             .collect();
         if skipped.iter().any(|s| *s) {
             tracing::debug!(
@@ -334,7 +347,10 @@ impl PostgresSink {
             }
         }
         let mut plan = coalesce(plan);
-        let recorded = self.applied.as_ref().map(|a| a.plan(batches, &skipped));
+        let recorded = self
+            .applied
+            .as_ref()
+            .map(|a| a.plan(batches, &touched, &skipped));
         if let (Some(applied), Some(recorded)) = (&self.applied, &recorded) {
             for (oid, (name, at)) in &recorded.completed {
                 plan.push(Planned {
