@@ -232,17 +232,17 @@ async fn a_stream_falling_far_behind_switches_to_catch_up_and_back_without_loss_
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     });
-    // 400 transactions of 10 rows with 1,000-byte bodies: several MiB of
+    // 400 transactions of 50 rows with 1,000-byte bodies: about 20 MiB of
     // WAL, written much faster than the consumer below reads, and more than
-    // the socket's buffers hold, so that the stream has not received it
-    // all by the time it leaves for a catch-up (a catch-up leaves out what
-    // the stream received: with 200-byte bodies, under load, it once had
-    // nothing left to read).
+    // the socket's buffers hold (loopback TCP grows them to several MiB),
+    // so that the stream has not received it all by the time it leaves for
+    // a catch-up (a catch-up leaves out what the stream received: with
+    // 1 MiB and then 4 MiB, under load, it once had nothing left to read).
     sql(
         &client,
         &[
             "DO $$ BEGIN FOR i IN 0..399 LOOP
-             INSERT INTO t SELECT g, repeat('x', 1000) FROM generate_series(i * 10, i * 10 + 9) g;
+             INSERT INTO t SELECT g, repeat('x', 1000) FROM generate_series(i * 50, i * 50 + 49) g;
              COMMIT;
            END LOOP; END $$",
             "INSERT INTO done VALUES (1)",
@@ -273,7 +273,7 @@ async fn a_stream_falling_far_behind_switches_to_catch_up_and_back_without_loss_
     poller.abort();
     assert_eq!(
         ids,
-        (0..4000).collect::<Vec<i64>>(),
+        (0..20_000).collect::<Vec<i64>>(),
         "every row once, in order"
     );
     let stats = source.stats.clone();
