@@ -100,6 +100,44 @@ pub use golden::{
     Options as GoldenOptions, Outcome, run_suite,
 };
 
+// The host's stages one at a time, for `host/benches/stages.rs`.
+#[doc(hidden)]
+pub mod stages {
+    use crate::event::{Batch, BatchLimits, Lsn};
+    use crate::source::SourceError;
+    use crate::source::assembler::Assembler;
+    use crate::transform::Transformed;
+
+    /// pgoutput messages into batches, as the source does them (built-in
+    /// column types only: nothing asks the catalog).
+    #[derive(Debug)]
+    pub struct Assembling(Assembler);
+
+    impl Assembling {
+        /// Batches of at most `max_rows` changes and `max_bytes` bytes.
+        pub fn new(max_rows: usize, max_bytes: usize) -> Assembling {
+            Assembling(Assembler::new(
+                BatchLimits {
+                    max_rows,
+                    max_bytes,
+                },
+                Lsn(0),
+            ))
+        }
+
+        /// Decodes one message and feeds it on: a batch when one is done.
+        pub fn feed(&mut self, message: &[u8]) -> Result<Option<Batch>, SourceError> {
+            self.0.push(crate::source::pgoutput::decode(message)?)
+        }
+    }
+
+    /// A group of batches as the file and stdout sinks write it: one JSON
+    /// line per change, the key's column names beside each.
+    pub fn render_jsonl(batches: &[Transformed], out: &mut Vec<u8>) {
+        crate::sink::jsonl::render_group(batches, crate::sink::json::Columns::Key, out);
+    }
+}
+
 // The commands of the binary.
 pub use commands::cli::{Cli, Command, LogFormat};
 pub use commands::demo::default_module;

@@ -13,6 +13,29 @@ impl Lsn {
     pub const ZERO: Lsn = Lsn(0);
 }
 
+impl Lsn {
+    /// Appends the text `Display` writes, without a formatter.
+    pub(crate) fn write_to(self, out: &mut Vec<u8>) {
+        fn hex(out: &mut Vec<u8>, half: u64) {
+            const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
+            let mut shift = 28;
+            while shift > 0 && (half >> shift) & 0xF == 0 {
+                shift -= 4;
+            }
+            loop {
+                out.push(DIGITS[((half >> shift) & 0xF) as usize]);
+                if shift == 0 {
+                    break;
+                }
+                shift -= 4;
+            }
+        }
+        hex(out, self.0 >> 32);
+        out.push(b'/');
+        hex(out, self.0 & 0xFFFF_FFFF);
+    }
+}
+
 impl fmt::Display for Lsn {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:X}/{:X}", self.0 >> 32, self.0 & 0xFFFF_FFFF)

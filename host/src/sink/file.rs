@@ -204,9 +204,7 @@ impl Sink for FileSink {
     /// group as one batch (never split across files).
     async fn write_group(&mut self, batches: &[Transformed]) -> Result<(), SinkError> {
         self.buffer.clear();
-        for batch in batches {
-            jsonl::render(batch, self.columns, &mut self.buffer);
-        }
+        jsonl::render_group(batches, self.columns, &mut self.buffer);
         if self.buffer.is_empty() {
             return Ok(());
         }

@@ -343,11 +343,14 @@ fn write_fields(
             Value::Null => out.extend_from_slice(b"null"),
             Value::Bool(true) => out.extend_from_slice(b"true"),
             Value::Bool(false) => out.extend_from_slice(b"false"),
-            Value::Text(text) => {
-                let _ = serde_json::to_writer(&mut *out, text.as_str());
-            }
+            Value::Text(text) => write_str(out, text),
             Value::Int(i) => {
-                let _ = serde_json::to_writer(&mut *out, i);
+                out.extend_from_slice(itoa::Buffer::new().format(*i).as_bytes());
+            }
+            Value::Numeric(n) => {
+                out.extend_from_slice(b"{\"numeric\":");
+                write_str(out, n);
+                out.push(b'}');
             }
             other => {
                 let _ = serde_json::to_writer(&mut *out, &ValueJson(other));
@@ -357,9 +360,99 @@ fn write_fields(
     out.push(b'}');
 }
 
+/// `text` as a JSON string: byte for byte what `serde_json` writes
+/// (`tests::strings_are_escaped_exactly_as_serde_json_escapes_them`), eight
+/// bytes at a time while none of them needs escaping.
+pub(crate) fn write_str(out: &mut Vec<u8>, text: &str) {
+    let bytes = text.as_bytes();
+    out.reserve(bytes.len() + 2);
+    out.push(b'"');
+    // `bytes[done..at]` is checked and not yet written.
+    let mut done = 0;
+    let mut at = 0;
+    while at < bytes.len() {
+        if let Some(word) = bytes
+            .get(at..at + 8)
+            .and_then(|w| <[u8; 8]>::try_from(w).ok())
+            && !any_to_escape(u64::from_le_bytes(word))
+        {
+            at += 8;
+            continue;
+        }
+        let Some(&byte) = bytes.get(at) else { break };
+        let short: &[u8] = match byte {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0x08 => b"\\b",
+            0x0C => b"\\f",
+            0x00..=0x1F => b"",
+            _ => {
+                at += 1;
+                continue;
+            }
+        };
+        out.extend_from_slice(bytes.get(done..at).unwrap_or_default());
+        if short.is_empty() {
+            const HEX: &[u8; 16] = b"0123456789abcdef";
+            out.extend_from_slice(b"\\u00");
+            out.push(HEX[usize::from(byte >> 4)]);
+            out.push(HEX[usize::from(byte & 0xF)]);
+        } else {
+            out.extend_from_slice(short);
+        }
+        at += 1;
+        done = at;
+    }
+    out.extend_from_slice(bytes.get(done..).unwrap_or_default());
+    out.push(b'"');
+}
+
+/// Whether any of the eight bytes of `word` is a control character, `"`
+/// or `\`: exact, since each test below finds whether some byte is under
+/// a bound (at most 0x80), and bytes at or above 0x80 never pass one.
+fn any_to_escape(word: u64) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let under = |x: u64, n: u64| x.wrapping_sub(ONES * n) & !x & HIGH;
+    let control = under(word, 0x20);
+    let quote = under(word ^ (ONES * u64::from(b'"')), 1);
+    let backslash = under(word ^ (ONES * u64::from(b'\\')), 1);
+    (control | quote | backslash) != 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn strings_are_escaped_exactly_as_serde_json_escapes_them() {
+        let mut cases: Vec<String> = vec![
+            String::new(),
+            "plain ascii text that runs past several words".into(),
+            "line\nbreak \"quoted\" \u{1F600} \\ tab\t cr\r".into(),
+            "\u{7f}\u{80}ÿ€\u{10FFFF}".into(),
+        ];
+        // Every byte value that may stand alone in UTF-8, at every offset
+        // in a word, among bytes that need no escape and bytes that do.
+        for c in (0u8..0x80).map(char::from) {
+            for at in 0..17 {
+                let mut text = "abcdefghijklmnopq".to_owned();
+                text.insert(at, c);
+                cases.push(text.clone());
+                text.insert(at, '"');
+                cases.push(text);
+            }
+        }
+        for text in cases {
+            let mut ours = Vec::new();
+            write_str(&mut ours, &text);
+            let theirs = serde_json::to_vec(&text).expect("a string serializes");
+            assert_eq!(ours, theirs, "{text:?}");
+        }
+    }
 
     #[test]
     fn source_changes_render_exactly_as_their_wire_form() {

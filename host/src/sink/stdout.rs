@@ -53,15 +53,15 @@ impl Sink for StdoutSink {
     /// One flush for the whole group.
     async fn write_group(&mut self, batches: &[Transformed]) -> Result<(), SinkError> {
         self.buffer.clear();
-        for batch in batches {
-            match self.pretty {
-                Some(style) => {
+        match self.pretty {
+            Some(style) => {
+                for batch in batches {
                     let mut text = String::new();
                     pretty::render(batch, style, &mut text);
                     self.buffer.extend_from_slice(text.as_bytes());
                 }
-                None => jsonl::render(batch, self.columns, &mut self.buffer),
             }
+            None => jsonl::render_group(batches, self.columns, &mut self.buffer),
         }
         let mut out = std::io::stdout().lock();
         out.write_all(&self.buffer)

@@ -75,7 +75,14 @@ pub(crate) struct Assembler {
     open: Option<Open>,
     resume_after: Lsn,
     partial: Option<Partial>,
+    /// Changes in the last batch made: a new transaction's list starts at
+    /// that size (at most `CHANGES_RESERVED`), so a stream of transactions
+    /// of one size does not grow each one's list from empty.
+    last_changes: usize,
 }
+
+/// The most changes a batch's list is sized for before its changes come.
+const CHANGES_RESERVED: usize = 1024;
 
 impl Assembler {
     /// An assembler that emits only transactions ending after `resume_after`.
@@ -91,7 +98,13 @@ impl Assembler {
             open: None,
             resume_after,
             partial: None,
+            last_changes: 0,
         }
+    }
+
+    /// An empty list for a batch's changes, sized like the last batch's.
+    fn changes_list(&self) -> Vec<Change> {
+        Vec::with_capacity(self.last_changes.min(CHANGES_RESERVED))
     }
 
     /// Prepares for a new connection: the server starts again at a
@@ -220,7 +233,7 @@ impl Assembler {
             commit_lsn,
             commit_time: commit_time.saturating_add(PG_EPOCH_OFFSET_MICROS),
             chunk: 0,
-            changes: Vec::new(),
+            changes: self.changes_list(),
             bytes: 0,
             seen: 0,
             skip: 0,
@@ -257,6 +270,7 @@ impl Assembler {
         }
         self.partial = None;
         self.resume_after = self.resume_after.max(Lsn(end_lsn));
+        self.last_changes = open.changes.len();
         Ok(Some(Batch {
             txn: Txn {
                 xid: open.xid,
@@ -433,6 +447,7 @@ impl Assembler {
 
     fn add(&mut self, change: Change, bytes: usize) -> Result<Option<Batch>, SourceError> {
         let limits = self.limits;
+        let fresh = self.changes_list();
         let open = self
             .open
             .as_mut()
@@ -444,7 +459,8 @@ impl Assembler {
         }
         let chunk = open.chunk;
         open.chunk += 1;
-        let changes = std::mem::take(&mut open.changes);
+        let changes = std::mem::replace(&mut open.changes, fresh);
+        self.last_changes = changes.len();
         let bytes = std::mem::take(&mut open.bytes);
         Ok(Some(Batch {
             txn: Txn {
@@ -508,36 +524,34 @@ fn row(relation: &Relation, tuple: &Tuple<'_>) -> Result<(Vec<Value>, usize), So
         )));
     }
     let mut bytes = 0;
-    let values = tuple
-        .columns
-        .iter()
-        .zip(&relation.columns)
-        .map(|(datum, column)| {
-            Ok(match datum {
-                Datum::Null => Value::Null,
-                Datum::Unchanged => Value::Unchanged,
-                Datum::Text(text) => {
-                    bytes += text.len() + VALUE_OVERHEAD;
-                    match values::parse(&column.kind, text) {
-                        // Name what could not be typed after the column's own
-                        // type, not the kind's generic one.
-                        Value::Other { text, .. } => Value::Other {
-                            type_name: column.type_name.clone(),
-                            text,
-                        },
-                        value => value,
-                    }
+    // Sized up front: collecting through `Result` knows no length, and
+    // grew every row's list again as it filled.
+    let mut out = Vec::with_capacity(relation.columns.len());
+    for (datum, column) in tuple.columns.iter().zip(&relation.columns) {
+        out.push(match datum {
+            Datum::Null => Value::Null,
+            Datum::Unchanged => Value::Unchanged,
+            Datum::Text(text) => {
+                bytes += text.len() + VALUE_OVERHEAD;
+                match values::parse(&column.kind, text) {
+                    // Name what could not be typed after the column's own
+                    // type, not the kind's generic one.
+                    Value::Other { text, .. } => Value::Other {
+                        type_name: column.type_name.clone(),
+                        text,
+                    },
+                    value => value,
                 }
-                Datum::Binary(_) => {
-                    return Err(SourceError::Protocol(format!(
-                        "column {} arrived in binary form, which Datum does not request",
-                        column.name
-                    )));
-                }
-            })
-        })
-        .collect::<Result<Vec<_>, SourceError>>()?;
-    Ok((values, bytes + VALUE_OVERHEAD))
+            }
+            Datum::Binary(_) => {
+                return Err(SourceError::Protocol(format!(
+                    "column {} arrived in binary form, which Datum does not request",
+                    column.name
+                )));
+            }
+        });
+    }
+    Ok((out, bytes + VALUE_OVERHEAD))
 }
 
 fn old_row(relation: &Relation, old: &OldTuple<'_>) -> Result<(OldRow, usize), SourceError> {
