@@ -24,8 +24,10 @@ use datum::{
 };
 use datum_guest::{Txn, Value};
 
-fn batch(rows: usize) -> Batch {
-    let relation = Arc::new(Relation {
+/// One relation for every batch, as the source shares one between the
+/// batches of a table (the runtime keeps what it encodes once per table).
+static RELATION: std::sync::LazyLock<Arc<Relation>> = std::sync::LazyLock::new(|| {
+    Arc::new(Relation {
         oid: 1,
         schema: "public".into(),
         table: "customers".into(),
@@ -37,7 +39,11 @@ fn batch(rows: usize) -> Batch {
             Column::new("balance", "numeric", false),
             Column::new("active", "bool", false),
         ],
-    });
+    })
+});
+
+fn batch(rows: usize) -> Batch {
+    let relation = RELATION.clone();
     Batch {
         txn: Txn {
             xid: 7,

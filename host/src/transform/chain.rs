@@ -7,7 +7,7 @@
 use datum_guest::Txn;
 
 use super::TransformError;
-use super::encode::{ChangeRef, Item, decode_output, encode_input};
+use super::encode::{ChangeRef, Heads, Item, decode_output, encode_input_with};
 use super::module::{CallMeta, Instance, Module};
 use crate::event::{Batch, Change};
 
@@ -75,6 +75,8 @@ pub struct Chain {
     instances: Vec<Instance>,
     /// Fuel used by the last batch, per module, when metered.
     last_fuel: Vec<Option<u64>>,
+    /// The tables' encoded heads, kept from batch to batch.
+    heads: Heads,
 }
 
 impl Chain {
@@ -83,6 +85,7 @@ impl Chain {
         Chain {
             instances: modules.iter().map(Module::instance).collect(),
             last_fuel: vec![None; modules.len()],
+            heads: Heads::default(),
         }
     }
 
@@ -148,11 +151,19 @@ impl Chain {
                 error,
             };
             if !module.sees_schema_changes() && items.iter().any(|i| is_schema(i, source)) {
-                items = call_around_schema_changes(instance, meta, source, &items, fuel)
-                    .map_err(&fail)?;
+                items = call_around_schema_changes(
+                    instance,
+                    &mut self.heads,
+                    meta,
+                    source,
+                    &items,
+                    fuel,
+                )
+                .map_err(&fail)?;
                 continue;
             }
-            let (output, used) = call(instance, meta, source, &items).map_err(&fail)?;
+            let (output, used) =
+                call(instance, &mut self.heads, meta, source, &items).map_err(&fail)?;
             *fuel = used;
             items = output;
         }
@@ -163,11 +174,16 @@ impl Chain {
 /// One call of `instance` on `items`.
 fn call(
     instance: &mut Instance,
+    heads: &mut Heads,
     meta: CallMeta,
     source: &Batch,
     items: &[Item],
 ) -> Result<(Vec<Item>, Option<u64>), TransformError> {
-    let input = encode_input(&source.txn, items.iter().map(|item| resolve(item, source)))?;
+    let input = encode_input_with(
+        &source.txn,
+        items.iter().map(|item| resolve(item, source)),
+        heads,
+    )?;
     let (output, stats) = instance.call(&input, meta)?;
     Ok((decode_output(output, items, source)?, stats.fuel))
 }
@@ -185,6 +201,7 @@ fn is_schema(item: &Item, source: &Batch) -> bool {
 /// comes before the first row of the new shape.
 fn call_around_schema_changes(
     instance: &mut Instance,
+    heads: &mut Heads,
     meta: CallMeta,
     source: &Batch,
     items: &[Item],
@@ -198,7 +215,7 @@ fn call_around_schema_changes(
             _ => (run, None),
         };
         if !rows.is_empty() {
-            let (output, fuel) = call(instance, meta, source, rows)?;
+            let (output, fuel) = call(instance, heads, meta, source, rows)?;
             out.extend(output);
             if let Some(fuel) = fuel {
                 used = Some(used.unwrap_or(0) + fuel);

@@ -17,7 +17,6 @@ use serde::{Deserializer, Serialize, Serializer};
 
 use super::TransformError;
 use super::sandbox::guest_text;
-use crate::event::batch::PerTable;
 use crate::event::{Batch, Change, Column, OldRow, Relation};
 
 /// One change of a transformed batch: a source change passed through
@@ -63,16 +62,26 @@ impl Serialize for ChangeRef<'_> {
 /// The bytes are those `rmp-serde` writes for the wire types
 /// (`datum_guest::wire::Batch`), written directly: a source change's
 /// `schema`, `table` and `columns` and its column names are encoded once
-/// per table and call (`Heads`) and copied into every change of that
-/// table, and the common values are written without serde. Any other
-/// change goes through `rmp-serde` as before.
+/// per table (`Head`) and copied into every change of that table, and the
+/// common values are written without serde. Any other change goes through
+/// `rmp-serde` as before.
 pub fn encode_input<'a>(
     txn: &Txn,
     changes: impl ExactSizeIterator<Item = ChangeRef<'a>> + Clone,
 ) -> Result<Vec<u8>, TransformError> {
+    encode_input_with(txn, changes, &mut Heads::default())
+}
+
+/// [`encode_input`], with the tables' heads kept in `heads` from call to
+/// call: a stream of 1-row transactions would otherwise encode its table's
+/// head again for every change.
+pub(crate) fn encode_input_with<'a>(
+    txn: &Txn,
+    changes: impl ExactSizeIterator<Item = ChangeRef<'a>> + Clone,
+    heads: &mut Heads,
+) -> Result<Vec<u8>, TransformError> {
     let mut out = Vec::with_capacity(64 + changes.len().saturating_mul(96));
-    let mut heads = Heads::default();
-    write_input(&mut out, txn, changes, &mut heads)
+    write_input(&mut out, txn, changes, heads)
         .map_err(|e| TransformError::InvalidOutput(format!("encoding the batch: {e}")))?;
     Ok(out)
 }
@@ -85,11 +94,11 @@ fn write_input<'a>(
     out: &mut Vec<u8>,
     txn: &Txn,
     changes: impl ExactSizeIterator<Item = ChangeRef<'a>>,
-    heads: &mut Heads<'a>,
+    heads: &mut Heads,
 ) -> Result<(), EncodeError> {
     rmp::encode::write_map_len(out, 2)?;
     rmp::encode::write_str(out, "txn")?;
-    rmp_serde::encode::write_named(out, txn)?;
+    write_txn(out, txn)?;
     rmp::encode::write_str(out, "changes")?;
     rmp::encode::write_array_len(out, u32::try_from(changes.len())?)?;
     for change in changes {
@@ -101,8 +110,29 @@ fn write_input<'a>(
     Ok(())
 }
 
-/// A table's part of its changes, encoded once per call: the `schema`,
-/// `table` and `columns` entries, and each column's name.
+/// What `rmp-serde` writes for `txn` (a map of its fields by name, each
+/// number in its shortest form), without serde: for 1-row transactions it
+/// is a fair part of each call.
+fn write_txn(out: &mut Vec<u8>, txn: &Txn) -> Result<(), EncodeError> {
+    rmp::encode::write_map_len(out, 6)?;
+    rmp::encode::write_str(out, "xid")?;
+    rmp::encode::write_uint(out, u64::from(txn.xid))?;
+    rmp::encode::write_str(out, "commit_lsn")?;
+    rmp::encode::write_uint(out, txn.commit_lsn)?;
+    rmp::encode::write_str(out, "end_lsn")?;
+    rmp::encode::write_uint(out, txn.end_lsn)?;
+    rmp::encode::write_str(out, "commit_time")?;
+    rmp::encode::write_sint(out, txn.commit_time)?;
+    rmp::encode::write_str(out, "chunk")?;
+    rmp::encode::write_uint(out, u64::from(txn.chunk))?;
+    rmp::encode::write_str(out, "last")?;
+    rmp::encode::write_bool(out, txn.last)?;
+    Ok(())
+}
+
+/// A table's part of its changes, encoded once: the `schema`, `table` and
+/// `columns` entries, and each column's name.
+#[derive(Debug)]
 struct Head {
     entries: Vec<u8>,
     /// Each column's encoded name, as a range of `names`.
@@ -110,8 +140,46 @@ struct Head {
     names: Vec<u8>,
 }
 
-/// The heads of the tables seen in one call.
-type Heads<'a> = PerTable<'a, Head>;
+/// The heads of the tables met lately, found by the relation's address.
+/// Each entry holds its relation, so no address is reused while it is
+/// here; a relation that changed is a new one (a new entry), and the list
+/// starts over when it is full.
+#[derive(Debug, Default)]
+pub(crate) struct Heads {
+    entries: Vec<(Arc<Relation>, Head)>,
+    /// The entry found last: a batch's changes come in runs of a table.
+    last: usize,
+}
+
+/// Tables whose heads are kept.
+const HEADS_KEPT: usize = 64;
+
+impl Heads {
+    fn get(&mut self, relation: &Arc<Relation>) -> Result<&Head, EncodeError> {
+        let found = match self.entries.get(self.last) {
+            Some((seen, _)) if Arc::ptr_eq(seen, relation) => Some(self.last),
+            _ => self
+                .entries
+                .iter()
+                .position(|(seen, _)| Arc::ptr_eq(seen, relation)),
+        };
+        self.last = match found {
+            Some(index) => index,
+            None => {
+                let head = Head::of(relation)?;
+                if self.entries.len() >= HEADS_KEPT {
+                    self.entries.clear();
+                }
+                self.entries.push((relation.clone(), head));
+                self.entries.len() - 1
+            }
+        };
+        self.entries
+            .get(self.last)
+            .map(|(_, head)| head)
+            .ok_or_else(|| "a table's head went missing".into())
+    }
+}
 
 impl Head {
     fn of(relation: &Relation) -> Result<Head, EncodeError> {
@@ -138,11 +206,7 @@ impl Head {
 }
 
 /// A source change, keys in the order `HostChange` writes them.
-fn write_source<'a>(
-    out: &mut Vec<u8>,
-    change: &'a Change,
-    heads: &mut Heads<'a>,
-) -> Result<(), EncodeError> {
+fn write_source(out: &mut Vec<u8>, change: &Change, heads: &mut Heads) -> Result<(), EncodeError> {
     let (op, relation, new, old) = match change {
         Change::Insert { relation, new } => ("insert", relation, Some(new), None),
         Change::Snapshot { relation, new } => ("snapshot", relation, Some(new), None),
@@ -154,7 +218,7 @@ fn write_source<'a>(
             return Ok(());
         }
     };
-    let head = heads.get_or_try_insert_with(relation, || Head::of(relation))?;
+    let head = heads.get(relation)?;
     let len = 4 + u32::from(new.is_some()) + u32::from(old.is_some());
     rmp::encode::write_map_len(out, len)?;
     rmp::encode::write_str(out, "op")?;
@@ -207,6 +271,17 @@ fn write_value(out: &mut Vec<u8>, value: &Value) -> Result<(), EncodeError> {
         }
         Value::Float(f) => rmp::encode::write_f64(out, *f)?,
         Value::Text(t) => rmp::encode::write_str(out, t)?,
+        // Tagged: a map of one entry, as `Value`'s serializer writes it.
+        Value::Numeric(n) => {
+            rmp::encode::write_map_len(out, 1)?;
+            rmp::encode::write_str(out, "numeric")?;
+            rmp::encode::write_str(out, n)?;
+        }
+        Value::Json(j) => {
+            rmp::encode::write_map_len(out, 1)?;
+            rmp::encode::write_str(out, "json")?;
+            rmp::encode::write_str(out, j)?;
+        }
         other => rmp_serde::encode::write_named(out, other)?,
     }
     Ok(())
@@ -865,6 +940,79 @@ mod tests {
             changes: &'a [ChangeRef<'a>],
         }
         wire::to_msgpack(&Input { txn, changes }).expect("encode")
+    }
+
+    #[test]
+    fn heads_kept_between_calls_follow_a_table_that_changed_and_many_tables() {
+        let mut heads = Heads::default();
+        let insert = |relation: &Arc<Relation>| Change::Insert {
+            relation: relation.clone(),
+            new: relation.columns.iter().map(|_| Value::Int(1)).collect(),
+        };
+        let check = |heads: &mut Heads, change: &Change| {
+            let txn = Txn::default();
+            let kept = encode_input_with(&txn, std::iter::once(ChangeRef::Source(change)), heads)
+                .expect("encode");
+            let fresh =
+                encode_input(&txn, std::iter::once(ChangeRef::Source(change))).expect("encode");
+            assert_eq!(kept, fresh);
+        };
+        let first = relation();
+        check(&mut heads, &insert(&first));
+        // The same table after an ALTER: a new relation, whose head must
+        // not be the old one's.
+        let mut altered = (*first).clone();
+        altered.columns.push(Column::new("name", "text", false));
+        altered.columns[1].name = "mail".into();
+        let altered = Arc::new(altered);
+        check(&mut heads, &insert(&altered));
+        // More tables than are kept, then the first again.
+        let others: Vec<Arc<Relation>> = (0..HEADS_KEPT + 6)
+            .map(|i| {
+                let mut other = (*first).clone();
+                other.table = format!("t{i}");
+                Arc::new(other)
+            })
+            .collect();
+        for other in &others {
+            check(&mut heads, &insert(other));
+        }
+        assert!(heads.entries.len() <= HEADS_KEPT);
+        check(&mut heads, &insert(&first));
+        check(&mut heads, &insert(&altered));
+    }
+
+    #[test]
+    fn a_transaction_is_encoded_byte_for_byte_as_rmp_serde_encodes_it() {
+        let txns = [
+            Txn::default(),
+            Txn {
+                xid: u32::MAX,
+                commit_lsn: u64::MAX,
+                end_lsn: 127,
+                commit_time: i64::MIN,
+                chunk: u32::MAX,
+                last: true,
+            },
+            Txn {
+                xid: 128,
+                commit_lsn: 1 << 32,
+                end_lsn: (1 << 32) + 48,
+                commit_time: -33,
+                chunk: 65_536,
+                last: false,
+            },
+            Txn {
+                commit_time: i64::MAX,
+                ..Txn::default()
+            },
+        ];
+        for txn in txns {
+            let mut ours = Vec::new();
+            write_txn(&mut ours, &txn).expect("writing into memory");
+            let theirs = rmp_serde::to_vec_named(&txn).expect("a transaction serializes");
+            assert_eq!(ours, theirs, "{txn:?}");
+        }
     }
 
     #[test]
