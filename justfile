@@ -129,6 +129,8 @@ bench *ARGS: _pg _wasm-target
     if [ -z "{{ARGS}}" ]; then
         echo "== transforms in-process: identity and mask_pii against a native encode+decode"
         cargo bench -p datum --bench transform
+        echo "== the host's own work per change, stage by stage, in process"
+        cargo bench -p datum --bench stages
         echo "== test harness: a cluster per test against a database per test"
         cargo run --release -q -p datum-tests --bin harness-cost
     fi

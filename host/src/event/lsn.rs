@@ -11,9 +11,7 @@ pub struct Lsn(pub u64);
 impl Lsn {
     /// `0/0`, "no position".
     pub const ZERO: Lsn = Lsn(0);
-}
 
-impl Lsn {
     /// Appends the text `Display` writes, without a formatter.
     pub(crate) fn write_to(self, out: &mut Vec<u8>) {
         fn hex(out: &mut Vec<u8>, half: u64) {
@@ -77,6 +75,24 @@ mod tests {
         assert_eq!(Lsn::ZERO.to_string(), "0/0");
         assert_eq!(Lsn(u64::MAX).to_string(), "FFFFFFFF/FFFFFFFF");
         assert_eq!("ffffffff/ffffffff".parse::<Lsn>(), Ok(Lsn(u64::MAX)));
+    }
+
+    #[test]
+    fn written_without_a_formatter_as_displayed() {
+        for n in [
+            0,
+            1,
+            0xF,
+            0x10,
+            0x16_B374_D848,
+            1 << 32,
+            0xA_0000_0000,
+            u64::MAX,
+        ] {
+            let mut out = Vec::new();
+            Lsn(n).write_to(&mut out);
+            assert_eq!(String::from_utf8_lossy(&out), Lsn(n).to_string());
+        }
     }
 
     #[test]

@@ -33,7 +33,6 @@ use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use reqwest::{StatusCode, Url};
 
 use super::{Sink, SinkError};
-use crate::event::json::TxnJson;
 use crate::sink::json::{Columns, Renderer};
 use crate::transform::Transformed;
 
@@ -180,9 +179,7 @@ pub(crate) fn idempotency_key(txn: &Txn) -> String {
 /// the changes' columns as `columns` says.
 pub(crate) fn render(batch: &Transformed, columns: Columns, out: &mut Vec<u8>) {
     out.extend_from_slice(b"{\"txn\":");
-    // Every key is a string and every value serializable, and a Vec cannot
-    // fail to grow: this cannot fail.
-    let _ = serde_json::to_writer(&mut *out, &TxnJson(batch.txn()));
+    crate::sink::jsonl::write_txn(out, batch.txn());
     out.extend_from_slice(b",\"changes\":[");
     let mut renderer = Renderer::new(columns);
     for (i, change) in batch.changes().enumerate() {

@@ -38,7 +38,7 @@ pub(crate) fn render_group(batches: &[Transformed], columns: Columns, out: &mut 
 
 /// What `TxnJson` writes (`tests::a_transaction_is_written_as_txn_json_writes_it`),
 /// without a serializer: for 1-row transactions it is most of each line.
-fn write_txn(out: &mut Vec<u8>, txn: &Txn) {
+pub(crate) fn write_txn(out: &mut Vec<u8>, txn: &Txn) {
     out.extend_from_slice(b"{\"xid\":");
     out.extend_from_slice(itoa::Buffer::new().format(txn.xid).as_bytes());
     out.extend_from_slice(b",\"commit_lsn\":\"");

@@ -402,10 +402,11 @@ impl NatsSink {
         }
         let mut pending: VecDeque<(String, jetstream::context::PublishAckFuture)> = VecDeque::new();
         let mut bytes = 0u64;
+        // One for the group: each table's fixed JSON is made once.
+        let mut renderer = Renderer::new(self.settings.columns);
         for batch in batches {
             let txn = batch.txn();
             let headers = TxnHeaders::new(&self.pipeline, txn);
-            let mut renderer = Renderer::new(self.settings.columns);
             for (index, change) in batch.changes().enumerate() {
                 let subject = self.settings.subject.render(&self.pipeline, change);
                 self.payload.clear();
