@@ -713,8 +713,7 @@ fn encode<'a>(
 ) -> Result<(), SinkError> {
     if !msgpack {
         out.extend_from_slice(b"{\"txn\":");
-        serde_json::to_writer(&mut *out, &TxnJson(txn))
-            .map_err(|e| SinkError::definite(format!("encoding a change: {e}")))?;
+        crate::sink::jsonl::write_txn(out, txn);
         out.push(b',');
         renderer.write_rest(out, change);
         return Ok(());

@@ -102,9 +102,9 @@ impl Assembler {
         }
     }
 
-    /// An empty list for a batch's changes, sized like the last batch's.
-    fn changes_list(&self) -> Vec<Change> {
-        Vec::with_capacity(self.last_changes.min(CHANGES_RESERVED))
+    /// How many changes a new batch's list is sized for: the last batch's.
+    fn changes_reserved(&self) -> usize {
+        self.last_changes.min(CHANGES_RESERVED)
     }
 
     /// Prepares for a new connection: the server starts again at a
@@ -233,7 +233,7 @@ impl Assembler {
             commit_lsn,
             commit_time: commit_time.saturating_add(PG_EPOCH_OFFSET_MICROS),
             chunk: 0,
-            changes: self.changes_list(),
+            changes: Vec::with_capacity(self.changes_reserved()),
             bytes: 0,
             seen: 0,
             skip: 0,
@@ -447,7 +447,7 @@ impl Assembler {
 
     fn add(&mut self, change: Change, bytes: usize) -> Result<Option<Batch>, SourceError> {
         let limits = self.limits;
-        let fresh = self.changes_list();
+        let reserved = self.changes_reserved();
         let open = self
             .open
             .as_mut()
@@ -459,7 +459,7 @@ impl Assembler {
         }
         let chunk = open.chunk;
         open.chunk += 1;
-        let changes = std::mem::replace(&mut open.changes, fresh);
+        let changes = std::mem::replace(&mut open.changes, Vec::with_capacity(reserved));
         self.last_changes = changes.len();
         let bytes = std::mem::take(&mut open.bytes);
         Ok(Some(Batch {

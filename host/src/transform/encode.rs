@@ -80,6 +80,7 @@ pub(crate) fn encode_input_with<'a>(
     changes: impl ExactSizeIterator<Item = ChangeRef<'a>> + Clone,
     heads: &mut Heads,
 ) -> Result<Vec<u8>, TransformError> {
+    heads.trim();
     let mut out = Vec::with_capacity(64 + changes.len().saturating_mul(96));
     write_input(&mut out, txn, changes, heads)
         .map_err(|e| TransformError::InvalidOutput(format!("encoding the batch: {e}")))?;
@@ -142,8 +143,9 @@ struct Head {
 
 /// The heads of the tables met lately, found by the relation's address.
 /// Each entry holds its relation, so no address is reused while it is
-/// here; a relation that changed is a new one (a new entry), and the list
-/// starts over when it is full.
+/// here; a relation that changed is a new one (a new entry). Within a call
+/// every table's head is kept; between calls the list starts over once it
+/// holds `HEADS_KEPT` or more.
 #[derive(Debug, Default)]
 pub(crate) struct Heads {
     entries: Vec<(Arc<Relation>, Head)>,
@@ -151,10 +153,18 @@ pub(crate) struct Heads {
     last: usize,
 }
 
-/// Tables whose heads are kept.
+/// Tables whose heads are kept from one call to the next.
 const HEADS_KEPT: usize = 64;
 
 impl Heads {
+    /// Forgets every head once there are `HEADS_KEPT` of them.
+    fn trim(&mut self) {
+        if self.entries.len() >= HEADS_KEPT {
+            self.entries.clear();
+            self.last = 0;
+        }
+    }
+
     fn get(&mut self, relation: &Arc<Relation>) -> Result<&Head, EncodeError> {
         let found = match self.entries.get(self.last) {
             Some((seen, _)) if Arc::ptr_eq(seen, relation) => Some(self.last),
@@ -167,9 +177,6 @@ impl Heads {
             Some(index) => index,
             None => {
                 let head = Head::of(relation)?;
-                if self.entries.len() >= HEADS_KEPT {
-                    self.entries.clear();
-                }
                 self.entries.push((relation.clone(), head));
                 self.entries.len() - 1
             }
@@ -980,6 +987,20 @@ mod tests {
         assert!(heads.entries.len() <= HEADS_KEPT);
         check(&mut heads, &insert(&first));
         check(&mut heads, &insert(&altered));
+        // More tables than are kept in one call: every head is kept for
+        // the call, and the next call starts over.
+        let changes: Vec<Change> = others.iter().map(insert).collect();
+        let txn = Txn::default();
+        let kept = encode_input_with(&txn, changes.iter().map(ChangeRef::Source), &mut heads)
+            .expect("encode");
+        assert!(
+            heads.entries.len() >= others.len(),
+            "cleared during the call"
+        );
+        let fresh = encode_input(&txn, changes.iter().map(ChangeRef::Source)).expect("encode");
+        assert_eq!(kept, fresh);
+        check(&mut heads, &insert(&first));
+        assert_eq!(heads.entries.len(), 1);
     }
 
     #[test]
