@@ -152,17 +152,19 @@ pub(crate) fn sql_type(type_name: &str, typmod: i32) -> String {
     format!("{base}{modifier}{array}")
 }
 
-/// What a call makes once per table and reuses for each change of that
-/// table (the encoders' fixed parts): found by the relation's address (the
-/// call borrows every relation it holds, so no address is reused while it
-/// runs), the last one found first, since a batch touches few tables,
-/// mostly in runs.
-pub(crate) struct PerTable<'a, T> {
-    entries: Vec<(&'a Relation, T)>,
+/// What an encoder makes once per table and reuses for each change of
+/// that table (its fixed parts): found by the relation's address, the last
+/// one found first, since a batch touches few tables, mostly in runs. `R`
+/// is how an entry holds its relation: borrowed for one call (`&Relation`:
+/// the call borrows every relation it holds, so no address is reused while
+/// it runs) or shared (`Arc<Relation>`: the entry keeps its relation alive,
+/// so its address cannot be reused while the entry is there).
+pub(crate) struct PerTable<R, T> {
+    entries: Vec<(R, T)>,
     last: usize,
 }
 
-impl<T> Default for PerTable<'_, T> {
+impl<R, T> Default for PerTable<R, T> {
     fn default() -> Self {
         PerTable {
             entries: Vec::new(),
@@ -171,24 +173,22 @@ impl<T> Default for PerTable<'_, T> {
     }
 }
 
-impl<'a, T> PerTable<'a, T> {
+impl<R: std::ops::Deref<Target = Relation> + Clone, T> PerTable<R, T> {
     /// `relation`'s entry, made by `make` the first time it is asked for.
     pub(crate) fn get_or_try_insert_with<E: From<&'static str>>(
         &mut self,
-        relation: &'a Relation,
+        relation: &R,
         make: impl FnOnce() -> Result<T, E>,
     ) -> Result<&T, E> {
+        let same = |seen: &R| std::ptr::eq::<Relation>(&**seen, &**relation);
         let found = match self.entries.get(self.last) {
-            Some((seen, _)) if std::ptr::eq(*seen, relation) => Some(self.last),
-            _ => self
-                .entries
-                .iter()
-                .position(|(seen, _)| std::ptr::eq(*seen, relation)),
+            Some((seen, _)) if same(seen) => Some(self.last),
+            _ => self.entries.iter().position(|(seen, _)| same(seen)),
         };
         self.last = match found {
             Some(index) => index,
             None => {
-                self.entries.push((relation, make()?));
+                self.entries.push((relation.clone(), make()?));
                 self.entries.len() - 1
             }
         };
@@ -196,6 +196,17 @@ impl<'a, T> PerTable<'a, T> {
             .get(self.last)
             .map(|(_, entry)| entry)
             .ok_or_else(|| E::from("a table's entry went missing"))
+    }
+
+    /// How many tables have an entry.
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Forgets every entry.
+    pub(crate) fn clear(&mut self) {
+        self.entries.clear();
+        self.last = 0;
     }
 }
 

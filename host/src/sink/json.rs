@@ -189,7 +189,7 @@ impl Serialize for SinkChangeJson<'_> {
 /// through `SinkChangeJson`.
 pub(crate) struct Renderer<'a> {
     columns: Columns,
-    heads: PerTable<'a, Head>,
+    heads: PerTable<&'a crate::event::Relation, Head>,
 }
 
 /// A table's part of its changes' JSON.
@@ -234,7 +234,7 @@ impl<'a> Renderer<'a> {
         let columns = self.columns;
         let Ok(head) = self
             .heads
-            .get_or_try_insert_with(relation, || Ok::<_, &str>(Head::of(relation, columns)))
+            .get_or_try_insert_with(&relation, || Ok::<_, &str>(Head::of(relation, columns)))
         else {
             return self.write_rest_slowly(out, change);
         };

@@ -17,6 +17,7 @@ use serde::{Deserializer, Serialize, Serializer};
 
 use super::TransformError;
 use super::sandbox::guest_text;
+use crate::event::batch::PerTable;
 use crate::event::{Batch, Change, Column, OldRow, Relation};
 
 /// One change of a transformed batch: a source change passed through
@@ -133,7 +134,6 @@ fn write_txn(out: &mut Vec<u8>, txn: &Txn) -> Result<(), EncodeError> {
 
 /// A table's part of its changes, encoded once: the `schema`, `table` and
 /// `columns` entries, and each column's name.
-#[derive(Debug)]
 struct Head {
     entries: Vec<u8>,
     /// Each column's encoded name, as a range of `names`.
@@ -141,16 +141,18 @@ struct Head {
     names: Vec<u8>,
 }
 
-/// The heads of the tables met lately, found by the relation's address.
-/// Each entry holds its relation, so no address is reused while it is
-/// here; a relation that changed is a new one (a new entry). Within a call
-/// every table's head is kept; between calls the list starts over once it
-/// holds `HEADS_KEPT` or more.
-#[derive(Debug, Default)]
-pub(crate) struct Heads {
-    entries: Vec<(Arc<Relation>, Head)>,
-    /// The entry found last: a batch's changes come in runs of a table.
-    last: usize,
+/// The heads of the tables met lately. Within a call every table's head
+/// is kept; between calls the list starts over once it holds `HEADS_KEPT`
+/// or more. A relation that changed is a new one (a new entry).
+#[derive(Default)]
+pub(crate) struct Heads(PerTable<Arc<Relation>, Head>);
+
+impl std::fmt::Debug for Heads {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Heads")
+            .field("tables", &self.0.len())
+            .finish()
+    }
 }
 
 /// Tables whose heads are kept from one call to the next.
@@ -159,32 +161,14 @@ const HEADS_KEPT: usize = 64;
 impl Heads {
     /// Forgets every head once there are `HEADS_KEPT` of them.
     fn trim(&mut self) {
-        if self.entries.len() >= HEADS_KEPT {
-            self.entries.clear();
-            self.last = 0;
+        if self.0.len() >= HEADS_KEPT {
+            self.0.clear();
         }
     }
 
     fn get(&mut self, relation: &Arc<Relation>) -> Result<&Head, EncodeError> {
-        let found = match self.entries.get(self.last) {
-            Some((seen, _)) if Arc::ptr_eq(seen, relation) => Some(self.last),
-            _ => self
-                .entries
-                .iter()
-                .position(|(seen, _)| Arc::ptr_eq(seen, relation)),
-        };
-        self.last = match found {
-            Some(index) => index,
-            None => {
-                let head = Head::of(relation)?;
-                self.entries.push((relation.clone(), head));
-                self.entries.len() - 1
-            }
-        };
-        self.entries
-            .get(self.last)
-            .map(|(_, head)| head)
-            .ok_or_else(|| "a table's head went missing".into())
+        self.0
+            .get_or_try_insert_with(relation, || Head::of(relation))
     }
 }
 
@@ -984,7 +968,7 @@ mod tests {
         for other in &others {
             check(&mut heads, &insert(other));
         }
-        assert!(heads.entries.len() <= HEADS_KEPT);
+        assert!(heads.0.len() <= HEADS_KEPT);
         check(&mut heads, &insert(&first));
         check(&mut heads, &insert(&altered));
         // More tables than are kept in one call: every head is kept for
@@ -993,14 +977,11 @@ mod tests {
         let txn = Txn::default();
         let kept = encode_input_with(&txn, changes.iter().map(ChangeRef::Source), &mut heads)
             .expect("encode");
-        assert!(
-            heads.entries.len() >= others.len(),
-            "cleared during the call"
-        );
+        assert!(heads.0.len() >= others.len(), "cleared during the call");
         let fresh = encode_input(&txn, changes.iter().map(ChangeRef::Source)).expect("encode");
         assert_eq!(kept, fresh);
         check(&mut heads, &insert(&first));
-        assert_eq!(heads.entries.len(), 1);
+        assert_eq!(heads.0.len(), 1);
     }
 
     #[test]
