@@ -111,7 +111,6 @@ impl Engine {
             .total_core_instances(options.max_instances)
             .total_memories(options.max_instances)
             .total_tables(options.max_instances)
-            .total_stacks(options.max_instances)
             .max_memory_size(options.max_memory);
         let mut config = wasmtime::Config::new();
         config

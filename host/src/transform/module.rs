@@ -11,21 +11,22 @@
 //!
 //! A call's time limit is a wall-clock deadline. Wasm code is stopped at the
 //! first epoch tick past it (the epoch callback reads the wall clock, so a
-//! late ticker does not stretch the limit), and a call waiting in a host
-//! function is dropped when the deadline passes: calls are made with
-//! wasmtime's async API and driven by [`block_on_until`], on the caller's
-//! thread.
+//! late ticker does not stretch the limit). The functions a module may
+//! import (`wasi.rs`) never wait and bound the work they do, so a call
+//! cannot spend long outside wasm either: calls are plain synchronous calls
+//! on the caller's thread, with no fiber to switch to and back per call
+//! (docs/benchmarks.md, "Module calls without fibers").
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use wasmtime::{
     ExternType, InstancePre, Linker, Memory, Store, StoreLimits, StoreLimitsBuilder, TypedFunc,
-    UpdateDeadline, ValType, WasmParams, WasmResults,
+    UpdateDeadline, ValType,
 };
 
 use super::engine::{EPOCH_TICK, Engine};
-use super::sandbox::{CallEnv, Capture, block_on_until, escape_for_log};
+use super::sandbox::{CallEnv, Capture, escape_for_log};
 use super::wasi::{Wasi, WasiView};
 use super::{Limits, TransformError};
 
@@ -108,20 +109,6 @@ impl Module {
         limits: Limits,
         config: Vec<u8>,
     ) -> Result<Module, TransformError> {
-        Module::with_linker(engine, name, wasm, limits, config, |_| Ok(()))
-    }
-
-    /// [`Module::new`], with `extend` adding to the sandbox's imports (tests
-    /// give modules host functions WASI lacks, such as one that never
-    /// returns).
-    fn with_linker(
-        engine: &Engine,
-        name: &str,
-        wasm: &[u8],
-        limits: Limits,
-        config: Vec<u8>,
-        extend: impl FnOnce(&mut Linker<Ctx>) -> wasmtime::Result<()>,
-    ) -> Result<Module, TransformError> {
         if wasm.len() > limits.max_module {
             return Err(TransformError::ModuleTooLarge {
                 size: wasm.len(),
@@ -148,7 +135,6 @@ impl Module {
         let mut linker: Linker<Ctx> = Linker::new(&engine.inner);
         super::wasi::add_to_linker(&mut linker)
             .map_err(|e| TransformError::Invalid(format!("linking WASI: {e:#}")))?;
-        extend(&mut linker).map_err(|e| TransformError::Invalid(format!("linking: {e:#}")))?;
         let pre = linker.instantiate_pre(&module).map_err(|e| {
             TransformError::Invalid(format!(
                 "{e:#} (a module may import only WASI preview 1 functions)"
@@ -533,9 +519,9 @@ impl Instance {
             })
         });
         arm(&mut store, &inner.engine, inner.limits);
-        let deadline = store.data().deadline;
-        let instance = block_on_until(deadline, inner.pre.instantiate_async(&mut store))
-            .unwrap_or_else(|| Err(wasmtime::Trap::Interrupt.into()))
+        let instance = inner
+            .pre
+            .instantiate(&mut store)
             .map_err(|e| classify(e, inner.limits, None))?;
         let func_err = |e: wasmtime::Error| TransformError::AbiMismatch(format!("{e:#}"));
         let memory = instance
@@ -574,7 +560,8 @@ impl Instance {
             let init = instance
                 .get_typed_func::<(), ()>(&mut live.store, "_initialize")
                 .map_err(func_err)?;
-            call(&mut live.store, &init, ()).map_err(|e| classify(e, inner.limits, None))?;
+            init.call(&mut live.store, ())
+                .map_err(|e| classify(e, inner.limits, None))?;
         }
         if inner.has_init {
             let init = instance
@@ -582,7 +569,8 @@ impl Instance {
                 .map_err(func_err)?;
             arm(&mut live.store, &inner.engine, inner.limits);
             let (ptr, len) = write_input(&mut live, &inner.config, inner.limits)?;
-            let packed = call(&mut live.store, &init, (ptr, len))
+            let packed = init
+                .call(&mut live.store, (ptr, len))
                 .map_err(|e| failed_call(&mut live, e, inner.limits))?;
             if packed != 0 {
                 let bytes = read_output(&mut live, packed, inner.limits)?;
@@ -624,7 +612,7 @@ impl Instance {
         arm(&mut live.store, &inner.engine, limits);
         let fuel_before = live.store.get_fuel().ok();
         let (ptr, len) = write_input(live, input, limits)?;
-        let packed = match call(&mut live.store, &live.transform, (ptr, len)) {
+        let packed = match live.transform.call(&mut live.store, (ptr, len)) {
             Ok(packed) => packed,
             Err(e) => return Err(failed_call(live, e, limits)),
         };
@@ -677,19 +665,6 @@ fn set_deadline(store: &mut Store<Ctx>, timeout: Duration) {
     store.set_epoch_deadline(1);
 }
 
-/// Calls `f` until it returns or the call's deadline passes; a call stopped
-/// at the deadline is an [`wasmtime::Trap::Interrupt`], as if the epoch
-/// callback had stopped it.
-fn call<P: WasmParams + Sync, R: WasmResults + Sync>(
-    store: &mut Store<Ctx>,
-    f: &TypedFunc<P, R>,
-    params: P,
-) -> wasmtime::Result<R> {
-    let deadline = store.data().deadline;
-    block_on_until(deadline, f.call_async(&mut *store, params))
-        .unwrap_or_else(|| Err(wasmtime::Trap::Interrupt.into()))
-}
-
 /// Deterministic per batch and module.
 fn seed(name: &str, meta: CallMeta) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -708,7 +683,10 @@ fn write_input(
         size: input.len(),
         limit: i32::MAX as usize,
     })?;
-    let ptr = call(&mut live.store, &live.alloc, len).map_err(|e| classify(e, limits, None))?;
+    let ptr = live
+        .alloc
+        .call(&mut live.store, len)
+        .map_err(|e| classify(e, limits, None))?;
     if ptr == 0 && len > 0 {
         return Err(TransformError::InvalidOutput(
             "datum_alloc returned a null pointer".into(),
@@ -745,7 +723,8 @@ fn read_output(live: &mut Live, packed: i64, limits: Limits) -> Result<Vec<u8>, 
         )));
     };
     let output = bytes.to_vec();
-    call(&mut live.store, &live.dealloc, (ptr as i32, len as i32))
+    live.dealloc
+        .call(&mut live.store, (ptr as i32, len as i32))
         .map_err(|e| classify(e, limits, None))?;
     Ok(output)
 }
@@ -753,8 +732,8 @@ fn read_output(live: &mut Live, packed: i64, limits: Limits) -> Result<Vec<u8>, 
 /// What a failed call of `datum_init` or `datum_transform` becomes: the
 /// trap, with the module's panic message when it has one.
 fn failed_call(live: &mut Live, e: wasmtime::Error, limits: Limits) -> TransformError {
-    // A call stopped at its deadline may have been dropped in the middle
-    // of a host function: ask nothing more of it.
+    // A call stopped at its deadline gets no second call, which could run
+    // as long again.
     let interrupted = matches!(
         e.downcast_ref::<wasmtime::Trap>(),
         Some(wasmtime::Trap::Interrupt)
@@ -771,7 +750,7 @@ fn failed_call(live: &mut Live, e: wasmtime::Error, limits: Limits) -> Transform
 /// again, or return garbage.
 fn panic_message(store: &mut Store<Ctx>, memory: Memory, f: TypedFunc<(), i64>) -> Option<String> {
     set_deadline(store, 2 * EPOCH_TICK);
-    let packed = call(store, &f, ()).ok()? as u64;
+    let packed = f.call(&mut *store, ()).ok()? as u64;
     if packed == 0 {
         return None;
     }
@@ -810,61 +789,4 @@ fn classify(err: wasmtime::Error, limits: Limits, panic: Option<String>) -> Tran
         None => trap,
     };
     TransformError::Trap { message, backtrace }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::transform::engine::EngineOptions;
-
-    /// A module whose `datum_transform` calls a host function that never
-    /// returns.
-    const NEVER: &str = r#"(module
-  (import "test" "never" (func $never))
-  (memory (export "memory") 1)
-  (func (export "datum_abi_v1"))
-  (func (export "datum_alloc") (param i32) (result i32) (i32.const 16))
-  (func (export "datum_dealloc") (param i32 i32))
-  (func (export "datum_transform") (param i32 i32) (result i64)
-    (call $never)
-    (i64.const 0)))"#;
-
-    #[test]
-    fn a_host_call_that_never_returns_ends_at_the_wall_clock_deadline() {
-        let engine = Engine::new(EngineOptions::default()).expect("engine");
-        let limits = Limits {
-            timeout: Duration::from_millis(200),
-            ..Limits::default()
-        };
-        let module = Module::with_linker(&engine, "never", NEVER.as_bytes(), limits, vec![], |l| {
-            l.func_wrap_async("test", "never", |_: wasmtime::Caller<'_, Ctx>, (): ()| {
-                Box::new(std::future::pending::<()>())
-            })?;
-            Ok(())
-        })
-        .expect("loads");
-        let mut instance = module.instance();
-        let started = Instant::now();
-        let err = instance
-            .call(b"\x80", CallMeta::default())
-            .expect_err("the call cannot finish");
-        let elapsed = started.elapsed();
-        assert_eq!(err.kind(), "timeout", "{err}");
-        assert!(elapsed >= Duration::from_millis(200), "{elapsed:?}");
-        assert!(elapsed < Duration::from_secs(10), "{elapsed:?}");
-        assert!(!instance.is_live(), "the instance is discarded");
-    }
-
-    #[test]
-    fn log_lines_escape_every_control_character() {
-        let line = "a\rb\0c\u{1b}[31md\te\u{7f}f\u{85}g\u{202e}h\u{2066}i ok é";
-        assert_eq!(
-            escape_for_log(line),
-            r"a\rb\0c\u{1b}[31md\te\u{7f}f\u{85}g\u{202e}h\u{2066}i ok é"
-        );
-        assert!(matches!(
-            escape_for_log("plain text"),
-            std::borrow::Cow::Borrowed(_)
-        ));
-    }
 }

@@ -1,20 +1,15 @@
 //! What a module's world is made of: the batch's time and randomness,
-//! captured output, and a call driven to its end or to its deadline.
+//! and captured output.
 //!
 //! Owns the per-call environment the WASI functions (`wasi`) read: the
 //! realtime and monotonic clocks read the batch's commit time and `random_get` draws from a
 //! generator reseeded for each batch, so the same input always gives the
 //! same output ([`CallEnv`]); stdout and stderr go to capped in-memory
 //! buffers drained after each call ([`Capture`]), and are escaped before
-//! they reach a log ([`escape_for_log`]). Also owns driving a call to its
-//! end or to its wall-clock deadline, whichever comes first
-//! ([`block_on_until`]).
+//! they reach a log ([`escape_for_log`]).
 
-use std::future::Future;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Wake, Waker};
-use std::time::Instant;
 
 /// What the sandbox reads per call: set by the host before each call.
 #[derive(Debug, Default)]
@@ -137,40 +132,20 @@ pub(crate) fn guest_text(text: &str) -> String {
     format!("{}… ({} bytes in all)", &escaped[..end], text.len())
 }
 
-/// Wakes the thread that drives a call.
-struct ThreadWaker(std::thread::Thread);
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-impl Wake for ThreadWaker {
-    fn wake(self: Arc<Self>) {
-        self.0.unpark();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.0.unpark();
-    }
-}
-
-/// Drives `call` (a wasm call and the host functions it makes) on this
-/// thread until it finishes or the wall clock passes `deadline`; `None`
-/// means the deadline came first and the call was dropped, which cancels
-/// it wherever it was, a host function included.
-///
-/// Wasm code running past the deadline is stopped by the epoch callback
-/// (see `module.rs`); this bounds the time a call spends waiting in the
-/// host. Usable on any thread, inside an async runtime or not (the thread
-/// blocks, as a synchronous call would).
-pub(crate) fn block_on_until<F: Future>(deadline: Instant, call: F) -> Option<F::Output> {
-    let mut call = std::pin::pin!(call);
-    let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    loop {
-        if let Poll::Ready(output) = call.as_mut().poll(&mut cx) {
-            return Some(output);
-        }
-        let now = Instant::now();
-        if now >= deadline {
-            return None;
-        }
-        std::thread::park_timeout(deadline - now);
+    #[test]
+    fn log_lines_escape_every_control_character() {
+        let line = "a\rb\0c\u{1b}[31md\te\u{7f}f\u{85}g\u{202e}h\u{2066}i ok é";
+        assert_eq!(
+            escape_for_log(line),
+            r"a\rb\0c\u{1b}[31md\te\u{7f}f\u{85}g\u{202e}h\u{2066}i ok é"
+        );
+        assert!(matches!(
+            escape_for_log("plain text"),
+            std::borrow::Cow::Borrowed(_)
+        ));
     }
 }
