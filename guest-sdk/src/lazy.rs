@@ -70,15 +70,68 @@ fn walk<'a>(
 }
 
 impl Layout {
-    /// Splits an encoded batch (see `walk`).
+    /// Splits an encoded batch (see `walk`), comparing its first change
+    /// with the head the last batch split on this thread ended with.
     pub(crate) fn of(bytes: &[u8]) -> Result<Layout> {
+        LAST_HEAD.with(|last| {
+            let mut head = Head {
+                here: None,
+                earlier: std::mem::take(&mut *last.borrow_mut()),
+                walked: 0,
+            };
+            let layout = Layout::of_with(bytes, &mut head);
+            *last.borrow_mut() = head.keep(bytes);
+            layout
+        })
+    }
+
+    fn of_with(bytes: &[u8], head: &mut Head) -> Result<Layout> {
         let mut changes = Vec::new();
-        let mut head = None;
         let txn = walk(bytes, |reader, _| {
-            changes.push(skip_change(reader, bytes, &mut head).map_err(malformed)?);
+            changes.push(skip_change(reader, bytes, head).map_err(malformed)?);
             Ok(())
         })?;
         Ok(Layout { txn, changes })
+    }
+}
+
+/// Most bytes of a head kept from one batch to the next.
+const HEAD_KEPT: usize = 4096;
+
+thread_local! {
+    /// The head the last batch split on this thread ended with: a module's
+    /// instance splits batch after batch, and a stream of 1-row
+    /// transactions of one table has one change per batch, each with the
+    /// same head.
+    static LAST_HEAD: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// What a change is compared with before it is walked (see
+/// [`skip_change`]).
+struct Head {
+    /// The last head met in this batch, as a range of its bytes.
+    here: Option<Range<usize>>,
+    /// The head an earlier batch ended with (empty for none), until this
+    /// batch has one.
+    earlier: Vec<u8>,
+    /// How many changes were walked value by value.
+    walked: u32,
+}
+
+impl Head {
+    /// The bytes to compare the next batch's first change with: this
+    /// batch's last head (when not too large), else the earlier one.
+    fn keep(self, bytes: &[u8]) -> Vec<u8> {
+        match self.here.and_then(|range| bytes.get(range)) {
+            Some(here) if here.len() <= HEAD_KEPT => {
+                let mut kept = self.earlier;
+                kept.clear();
+                kept.extend_from_slice(here);
+                kept
+            }
+            Some(_) => Vec::new(),
+            None => self.earlier,
+        }
     }
 }
 
@@ -88,35 +141,44 @@ impl Layout {
 /// their last entry (the row of an insert or a snapshot row): `op`,
 /// `schema`, `table` and `columns` (most of a change's values) are byte for
 /// byte the last change's. So `head` remembers a change's bytes up to its
-/// last value, and a change that starts with the same bytes is read up to
-/// there by comparing them: the same bytes parse the same way (the map's
-/// size, every entry before the last and the last key), and only the last
-/// value is walked. Any other map is walked value by value and becomes the
-/// `head`; anything else is skipped as any value is.
+/// last value (the last one of this batch, or before this batch has one the
+/// one an earlier batch ended with), and a change that starts with the same
+/// bytes is read up to there by comparing them: the same bytes parse the
+/// same way (the map's size, every entry before the last and the last key),
+/// and only the last value is walked. Any other map is walked value by
+/// value and becomes the `head`; anything else is skipped as any value is.
 fn skip_change(
     reader: &mut Reader<'_>,
     bytes: &[u8],
-    head: &mut Option<Range<usize>>,
+    head: &mut Head,
 ) -> std::result::Result<Range<usize>, crate::msgpack::Malformed> {
     let start = reader.position();
-    if let Some(seen) = head.as_ref().and_then(|range| bytes.get(range.clone()))
+    let seen = match &head.here {
+        Some(range) => bytes.get(range.clone()),
+        None => Some(head.earlier.as_slice()).filter(|earlier| !earlier.is_empty()),
+    };
+    if let Some(seen) = seen
         && let Some(end) = start.checked_add(seen.len())
         && bytes
             .get(start..end)
             .is_some_and(|here| crate::msgpack::same_bytes(here, seen))
     {
-        reader.take(seen.len())?;
+        if head.here.is_none() {
+            head.here = Some(start..end);
+        }
+        reader.take(end - start)?;
         reader.skip()?;
         return Ok(start..reader.position());
     }
     if !matches!(reader.peek(), Some(0x80..=0x8f | 0xde | 0xdf)) {
         return reader.skip();
     }
+    head.walked += 1;
     let entries = reader.map_len()?;
     for entry in 1..=entries {
         reader.skip()?;
         if entry == entries {
-            *head = Some(start..reader.position());
+            head.here = Some(start..reader.position());
         }
         reader.skip()?;
     }
@@ -178,8 +240,12 @@ impl LazyBatch {
     /// Reads a batch's MessagePack form, decoding only its transaction.
     pub fn from_msgpack(bytes: Vec<u8>) -> Result<LazyBatch> {
         let layout = Layout::of(&bytes)?;
-        let txn = from_msgpack(&bytes[layout.txn.clone()])
-            .map_err(|e| Error::new(format!("malformed batch: cannot decode `txn`: {e}")))?;
+        let txn = &bytes[layout.txn.clone()];
+        let txn = match crate::read::txn(txn) {
+            Some(txn) => txn,
+            None => from_msgpack(txn)
+                .map_err(|e| Error::new(format!("malformed batch: cannot decode `txn`: {e}")))?,
+        };
         Ok(LazyBatch {
             bytes: Shared::new(bytes),
             txn,
@@ -382,13 +448,70 @@ mod tests {
                 variants.push(mutated);
             }
         }
+        // Each also after a batch that ended with the head of `bytes`'s
+        // first change: its first change is compared with that one.
+        let mut first = fresh();
+        Layout::of_with(bytes, &mut first).expect("the batch splits");
+        let earlier = first.keep(bytes);
+        assert!(!earlier.is_empty(), "a head to compare with");
         for variant in variants {
-            let compared = Layout::of(&variant).map(|l| (l.txn, l.changes));
             let walked = walked(&variant).map(|l| (l.txn, l.changes));
-            assert_eq!(compared.is_ok(), walked.is_ok(), "{variant:?}");
-            if let (Ok(compared), Ok(walked)) = (compared, walked) {
-                assert_eq!(compared, walked, "{variant:?}");
+            for earlier in [Vec::new(), earlier.clone()] {
+                let mut head = Head {
+                    here: None,
+                    earlier,
+                    walked: 0,
+                };
+                let compared = Layout::of_with(&variant, &mut head).map(|l| (l.txn, l.changes));
+                assert_eq!(compared.is_ok(), walked.is_ok(), "{variant:?}");
+                if let (Ok(compared), Ok(walked)) = (&compared, &walked) {
+                    assert_eq!(compared, walked, "{variant:?}");
+                }
             }
+        }
+    }
+
+    fn fresh() -> Head {
+        Head {
+            here: None,
+            earlier: Vec::new(),
+            walked: 0,
+        }
+    }
+
+    /// A stream of 1-row batches of one table: each batch's change is
+    /// compared with the head the batch before ended with, not walked; a
+    /// batch of another table is walked and becomes the head compared with.
+    #[test]
+    fn a_batch_s_first_change_is_compared_with_the_last_batch_s_head() {
+        let first = crate::read::tests::corpus(false)[0].clone();
+        let mut second = first.clone();
+        second.new = Some(row! { "id" => 2, "note" => "other" });
+        let mut other = first.clone();
+        other.columns.truncate(1);
+        let one = |change: &Change| {
+            to_msgpack(&Batch::new(Txn::committed(3, 30), vec![change.clone()])).expect("encode")
+        };
+        let mut earlier = Vec::new();
+        let mut walks = Vec::new();
+        for change in [&first, &second, &first, &other, &other, &second] {
+            let bytes = one(change);
+            let mut head = Head {
+                here: None,
+                earlier,
+                walked: 0,
+            };
+            let layout = Layout::of_with(&bytes, &mut head).expect("splits");
+            assert_eq!(layout.changes, walked(&bytes).expect("walked").changes);
+            walks.push(head.walked);
+            earlier = head.keep(&bytes);
+        }
+        assert_eq!(walks, [1, 0, 0, 1, 0, 1]);
+        // Through `Layout::of`, on this thread: the same answers.
+        for change in [&first, &second, &other] {
+            let bytes = one(change);
+            let layout = Layout::of(&bytes).expect("splits");
+            assert_eq!(layout.changes, walked(&bytes).expect("walked").changes);
         }
     }
 
@@ -409,13 +532,14 @@ mod tests {
         let changes = vec![first, second, third, other.clone(), other];
         let bytes = to_msgpack(&Batch::new(Txn::committed(3, 30), changes)).expect("encode");
         let mut heads = Vec::new();
-        let mut head = None;
+        let mut head = fresh();
         walk(&bytes, |reader, _| {
             let range = skip_change(reader, &bytes, &mut head).map_err(malformed)?;
-            heads.push((range, head.clone()));
+            heads.push((range, head.here.clone()));
             Ok(())
         })
         .expect("walk");
+        assert_eq!(head.walked, 2, "the first of each table walked");
         let first_head = heads[0].1.clone().expect("the first insert's head");
         assert_eq!(first_head.start, heads[0].0.start);
         assert_eq!(heads[1].1, Some(first_head.clone()), "second compared");

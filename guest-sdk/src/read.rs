@@ -21,7 +21,7 @@ use crate::columns::Columns;
 use crate::msgpack::Reader;
 use crate::row::Shared;
 use crate::wire::{
-    Change, Column, Date, Interval, Op, Output, Row, Timestamp, Value, from_msgpack,
+    Change, Column, Date, Interval, Op, Output, Row, Timestamp, Txn, Value, from_msgpack,
 };
 
 /// How deep arrays may nest before a value is left to `rmp-serde`.
@@ -95,6 +95,52 @@ pub(crate) fn changes_envelope(shared: &Shared, most: usize) -> Option<Vec<Outpu
         outputs.push(output);
     }
     r.at_end().then_some(outputs)
+}
+
+/// A transaction, the whole of `bytes`: a map of its six fields, each
+/// once, with values of their types. `None` for anything else, which
+/// `rmp-serde` decides (it also takes other forms, or refuses them).
+pub(crate) fn txn(bytes: &[u8]) -> Option<Txn> {
+    let mut r = Reader::new(bytes);
+    if r.map_len().ok()? != 6 {
+        return None;
+    }
+    let mut txn = Txn::default();
+    let mut seen = 0u8;
+    for _ in 0..6 {
+        let bit = match str(&mut r)? {
+            "xid" => {
+                txn.xid = u32::try_from(int(&mut r)?).ok()?;
+                1
+            }
+            "commit_lsn" => {
+                txn.commit_lsn = u64::try_from(int(&mut r)?).ok()?;
+                2
+            }
+            "end_lsn" => {
+                txn.end_lsn = u64::try_from(int(&mut r)?).ok()?;
+                4
+            }
+            "commit_time" => {
+                txn.commit_time = int(&mut r)?;
+                8
+            }
+            "chunk" => {
+                txn.chunk = u32::try_from(int(&mut r)?).ok()?;
+                16
+            }
+            "last" => {
+                txn.last = boolean(&mut r)?;
+                32
+            }
+            _ => return None,
+        };
+        if seen & bit != 0 {
+            return None;
+        }
+        seen |= bit;
+    }
+    r.at_end().then_some(txn)
 }
 
 /// The fields of a change, one bit each, to refuse a key seen twice.
@@ -644,6 +690,75 @@ pub(crate) mod tests {
             }
         }
         assert!(fast_answers > 1_000, "only {fast_answers} variants read");
+    }
+
+    #[test]
+    fn a_transaction_reads_as_rmp_serde_reads_it_or_is_left_to_it() {
+        let txns = [
+            Txn::default(),
+            Txn::committed(7, 100),
+            Txn {
+                xid: u32::MAX,
+                commit_lsn: i64::MAX as u64,
+                end_lsn: 1 << 40,
+                commit_time: i64::MIN,
+                chunk: u32::MAX,
+                last: false,
+            },
+            Txn {
+                commit_time: -1,
+                chunk: 3,
+                ..Txn::committed(1, 2)
+            },
+        ];
+        const REPLACEMENTS: [u8; 13] = [
+            0x00, 0x01, 0x7f, 0x80, 0x86, 0xa0, 0xa3, 0xc0, 0xc2, 0xc3, 0xcf, 0xd3, 0xff,
+        ];
+        let mut fast_answers = 0;
+        for original in txns {
+            let bytes = to_msgpack(&original).expect("encode");
+            assert_eq!(txn(&bytes), Some(original));
+            let mut variants: Vec<Vec<u8>> =
+                (0..bytes.len()).map(|cut| bytes[..cut].to_vec()).collect();
+            for at in 0..bytes.len() {
+                for replacement in REPLACEMENTS.into_iter().chain([bytes[at] ^ 1]) {
+                    let mut mutated = bytes.clone();
+                    mutated[at] = replacement;
+                    variants.push(mutated);
+                }
+            }
+            for variant in variants {
+                if let Some(fast) = txn(&variant) {
+                    fast_answers += 1;
+                    let serde: Txn = from_msgpack(&variant).unwrap_or_else(|e| {
+                        panic!("the fast reader accepted what rmp-serde refuses ({e}): {variant:?}")
+                    });
+                    assert_eq!(fast, serde, "{variant:?}");
+                }
+            }
+        }
+        assert!(fast_answers > 50, "only {fast_answers} variants read");
+        // An LSN past i64::MAX, an unknown key and a key twice are left to
+        // rmp-serde, which reads the first and third and refuses the second.
+        let far = Txn {
+            end_lsn: u64::MAX,
+            ..Txn::default()
+        };
+        assert_eq!(txn(&to_msgpack(&far).expect("encode")), None);
+        let xid = [0xa3, b'x', b'i', b'd', 0x05];
+        let mut seven = to_msgpack(&Txn::default()).expect("encode");
+        seven[0] = 0x87;
+        seven.extend_from_slice(&xid);
+        assert_eq!(txn(&seven), None);
+        assert!(from_msgpack::<Txn>(&seven).is_err());
+        // Six entries, `xid` twice and no `last`.
+        let mut twice = to_msgpack(&Txn::default()).expect("encode");
+        let last = [0xa4, b'l', b'a', b's', b't', 0xc2];
+        assert!(twice.ends_with(&last));
+        twice.truncate(twice.len() - last.len());
+        twice.extend_from_slice(&xid);
+        assert_eq!(txn(&twice), None);
+        assert!(from_msgpack::<Txn>(&twice).is_err());
     }
 
     /// Changes of two tables, alternating, each with the columns of its
