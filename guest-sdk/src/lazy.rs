@@ -73,16 +73,23 @@ impl Layout {
     /// Splits an encoded batch (see `walk`), comparing its first change
     /// with the head the last batch split on this thread ended with.
     pub(crate) fn of(bytes: &[u8]) -> Result<Layout> {
-        LAST_HEAD.with(|last| {
-            let mut head = Head {
-                here: None,
-                earlier: std::mem::take(&mut *last.borrow_mut()),
-                walked: 0,
-            };
-            let layout = Layout::of_with(bytes, &mut head);
-            *last.borrow_mut() = head.keep(bytes);
-            layout
-        })
+        Layout::of_counted(bytes).map(|(layout, _)| layout)
+    }
+
+    /// [`Layout::of`], with how many changes were walked value by value.
+    fn of_counted(bytes: &[u8]) -> Result<(Layout, u32)> {
+        let taken = |last: &std::cell::RefCell<Vec<u8>>| std::mem::take(&mut *last.borrow_mut());
+        let mut head = Head {
+            here: None,
+            // None while the thread's locals are being destroyed.
+            earlier: LAST_HEAD.try_with(taken).unwrap_or_default(),
+            walked: 0,
+        };
+        let layout = Layout::of_with(bytes, &mut head);
+        let walked = head.walked;
+        let kept = head.keep(bytes);
+        let _ = LAST_HEAD.try_with(|last| *last.borrow_mut() = kept);
+        Ok((layout?, walked))
     }
 
     fn of_with(bytes: &[u8], head: &mut Head) -> Result<Layout> {
@@ -120,7 +127,8 @@ struct Head {
 
 impl Head {
     /// The bytes to compare the next batch's first change with: this
-    /// batch's last head (when not too large), else the earlier one.
+    /// batch's last head, or none when it is over `HEAD_KEPT` bytes; the
+    /// earlier one when this batch had no head.
     fn keep(self, bytes: &[u8]) -> Vec<u8> {
         match self.here.and_then(|range| bytes.get(range)) {
             Some(here) if here.len() <= HEAD_KEPT => {
@@ -450,10 +458,17 @@ mod tests {
         }
         // Each also after a batch that ended with the head of `bytes`'s
         // first change: its first change is compared with that one.
-        let mut first = fresh();
-        Layout::of_with(bytes, &mut first).expect("the batch splits");
-        let earlier = first.keep(bytes);
-        assert!(!earlier.is_empty(), "a head to compare with");
+        let mut head = fresh();
+        let mut first = None;
+        walk(bytes, |reader, index| {
+            skip_change(reader, bytes, &mut head).map_err(malformed)?;
+            if index == 0 {
+                first = head.here.clone();
+            }
+            Ok(())
+        })
+        .expect("the batch splits");
+        let earlier = first.map(|range| bytes[range].to_vec()).expect("a head");
         for variant in variants {
             let walked = walked(&variant).map(|l| (l.txn, l.changes));
             for earlier in [Vec::new(), earlier.clone()] {
@@ -507,12 +522,20 @@ mod tests {
             earlier = head.keep(&bytes);
         }
         assert_eq!(walks, [1, 0, 0, 1, 0, 1]);
-        // Through `Layout::of`, on this thread: the same answers.
-        for change in [&first, &second, &other] {
+        // The same through `Layout::of`, which keeps the head on this
+        // thread (a test's own).
+        let mut walks = Vec::new();
+        for change in [&first, &second, &first, &other, &other, &second] {
             let bytes = one(change);
-            let layout = Layout::of(&bytes).expect("splits");
+            let (layout, walked_now) = Layout::of_counted(&bytes).expect("splits");
             assert_eq!(layout.changes, walked(&bytes).expect("walked").changes);
+            walks.push(walked_now);
         }
+        assert_eq!(walks, [1, 0, 0, 1, 0, 1]);
+        // A batch that does not split keeps nothing of its own.
+        assert!(Layout::of_counted(&[0x92]).is_err());
+        let (_, walked_now) = Layout::of_counted(&one(&first)).expect("splits");
+        assert_eq!(walked_now, 0, "still the head of `second` (and `first`)");
     }
 
     /// Inserts of one table, each with a row of its own, then another

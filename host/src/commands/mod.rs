@@ -211,8 +211,10 @@ pub fn dispatch(command: cli::Command) -> Result<Outcome, CommandError> {
 /// pipeline's drain, a commit stuck on a failing disk): the command's
 /// outcome is already decided, and the process exits.
 pub(crate) fn block_on<F: Future>(future: F) -> Result<F::Output, CommandError> {
+    // Admin requests and hot swaps call modules on its blocking threads.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .thread_stack_size(crate::transform::engine::CALLER_STACK)
         .build()
         .map_err(CommandError::Runtime)?;
     let output = runtime.block_on(future);

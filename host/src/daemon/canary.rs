@@ -436,6 +436,7 @@ pub(crate) fn start(
     };
     let spawned = std::thread::Builder::new()
         .name(format!("datum-canary-{pipeline}"))
+        .stack_size(crate::transform::engine::CALLER_STACK)
         .spawn(move || {
             // A panic in the canary's thread ends the canary, said so in its
             // report; the stream never depended on it.

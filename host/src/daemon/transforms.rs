@@ -154,6 +154,7 @@ pub(crate) fn spawn(
     };
     std::thread::Builder::new()
         .name(format!("datum-transform-{name}"))
+        .stack_size(crate::transform::engine::CALLER_STACK)
         .spawn(move || {
             let _entered = span.enter();
             let _abandon = AbandonOnPanic(stage.active.clone());

@@ -16,6 +16,13 @@ use super::TransformError;
 /// running wasm is stopped at the first tick past its deadline).
 pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(5);
 
+/// The stack of a thread that calls modules. Wasm runs on the caller's
+/// stack, up to [`EngineOptions::max_stack`] of it, beside the host's own
+/// frames; a thread whose stack ran out first would abort the process, so
+/// the threads that call modules are given this much, and the wasm stack
+/// limit may be at most half of it.
+pub(crate) const CALLER_STACK: usize = 4 << 20;
+
 /// Engine-wide settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EngineOptions {
@@ -106,6 +113,14 @@ impl Engine {
         options: EngineOptions,
         compiler: Compiler,
     ) -> Result<Engine, TransformError> {
+        if options.max_stack > CALLER_STACK / 2 {
+            return Err(TransformError::Invalid(format!(
+                "a wasm stack of {} bytes is over the {} the host allows: modules run on \
+                 threads of {CALLER_STACK}-byte stacks",
+                options.max_stack,
+                CALLER_STACK / 2
+            )));
+        }
         let mut pooling = wasmtime::PoolingAllocationConfig::new();
         pooling
             .total_core_instances(options.max_instances)
@@ -366,5 +381,21 @@ pub(crate) fn release_freed_memory() {
     // SAFETY: malloc_trim only walks the allocator's own free lists.
     unsafe {
         nix::libc::malloc_trim(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wasm_stack_over_half_a_callers_stack_is_refused() {
+        let options = |max_stack| EngineOptions {
+            max_stack,
+            ..EngineOptions::default()
+        };
+        let err = Engine::new(options(CALLER_STACK / 2 + 1)).expect_err("refused");
+        assert!(err.to_string().contains("wasm stack"), "{err}");
+        assert!(Engine::new(options(CALLER_STACK / 2)).is_ok());
     }
 }

@@ -10,8 +10,8 @@
 //! modules ([`chain`]).
 //!
 //! Every call is bounded — time by a wall-clock deadline (checked at each
-//! epoch tick while wasm runs, and cancelling a call that waits in the
-//! host), optionally fuel, memory by a store limiter, input and output sizes,
+//! epoch tick while wasm runs; no function a module imports waits),
+//! optionally fuel, memory by a store limiter, input and output sizes,
 //! the wasm stack — and so is compiling a module (functions, locals, code
 //! size, checked before compiling; compile time), and every breach is a
 //! [`TransformError`] of its own kind. An instance that

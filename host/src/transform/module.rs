@@ -610,19 +610,23 @@ impl Instance {
         };
         live.env.prepare(meta.commit_time, seed(&inner.name, meta));
         arm(&mut live.store, &inner.engine, limits);
-        let fuel_before = live.store.get_fuel().ok();
+        // Asked only where fuel is metered: elsewhere the answer is an
+        // error, made (and allocated) anew each time.
+        let fuel_before = inner
+            .engine
+            .meters_fuel()
+            .then(|| live.store.get_fuel().ok())
+            .flatten();
         let (ptr, len) = write_input(live, input, limits)?;
         let packed = match live.transform.call(&mut live.store, (ptr, len)) {
             Ok(packed) => packed,
             Err(e) => return Err(failed_call(live, e, limits)),
         };
         let output = read_output(live, packed, limits)?;
-        let fuel = match (fuel_before, live.store.get_fuel().ok()) {
-            (Some(before), Some(after)) if inner.engine.meters_fuel() => {
-                Some(before.saturating_sub(after))
-            }
-            _ => None,
-        };
+        let fuel = fuel_before.and_then(|before| {
+            let after = live.store.get_fuel().ok()?;
+            Some(before.saturating_sub(after))
+        });
         Ok((output, CallStats { fuel }))
     }
 
@@ -732,8 +736,8 @@ fn read_output(live: &mut Live, packed: i64, limits: Limits) -> Result<Vec<u8>, 
 /// What a failed call of `datum_init` or `datum_transform` becomes: the
 /// trap, with the module's panic message when it has one.
 fn failed_call(live: &mut Live, e: wasmtime::Error, limits: Limits) -> TransformError {
-    // A call stopped at its deadline gets no second call, which could run
-    // as long again.
+    // A call stopped at its deadline: its time is up, and the module is
+    // asked nothing more.
     let interrupted = matches!(
         e.downcast_ref::<wasmtime::Trap>(),
         Some(wasmtime::Trap::Interrupt)
