@@ -738,8 +738,9 @@ pub(crate) mod tests {
             }
         }
         assert!(fast_answers > 50, "only {fast_answers} variants read");
-        // An LSN past i64::MAX, an unknown key and a key twice are left to
-        // rmp-serde, which reads the first and third and refuses the second.
+        // Left to rmp-serde: an LSN past i64::MAX (which it reads), seven
+        // entries (`xid` again) and six with `xid` twice and no `last`
+        // (which it refuses).
         let far = Txn {
             end_lsn: u64::MAX,
             ..Txn::default()
