@@ -41,6 +41,10 @@ impl WasiView for Ctx {
     fn wasi(&mut self) -> &mut Wasi {
         &mut self.wasi
     }
+
+    fn deadline(&self) -> Instant {
+        self.deadline
+    }
 }
 
 /// A loaded module. Cheap to clone.

@@ -137,6 +137,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn random_bytes_filled_in_pieces_of_whole_words_are_those_of_one_fill() {
+        let (whole, pieces) = (CallEnv::default(), CallEnv::default());
+        whole.prepare(0, 42);
+        pieces.prepare(0, 42);
+        let mut a = vec![0u8; 3 * 64 + 5];
+        let mut b = a.clone();
+        whole.fill_random(&mut a);
+        for piece in b.chunks_mut(64) {
+            pieces.fill_random(piece);
+        }
+        assert_eq!(a, b);
+        assert!(a.iter().any(|&x| x != 0));
+    }
+
+    #[test]
     fn log_lines_escape_every_control_character() {
         let line = "a\rb\0c\u{1b}[31md\te\u{7f}f\u{85}g\u{202e}h\u{2066}i ok é";
         assert_eq!(

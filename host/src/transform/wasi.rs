@@ -7,7 +7,8 @@
 //! every `path_*` call fails with `EBADF`; there is no socket, environment
 //! variable or argument; the realtime and monotonic clocks read the batch's
 //! commit time and
-//! `random_get` the batch's generator ([`CallEnv`]); nothing waits.
+//! `random_get` the batch's generator ([`CallEnv`]), stopping at the call's
+//! deadline when asked to fill much; nothing waits.
 //! A call that needs what does not exist answers the errno a real system
 //! gives for it (`EBADF`, `ESPIPE`, `ENOTSOCK`, …); a pointer or length
 //! outside the module's memory is a trap, and so is `proc_exit`, whose
@@ -20,6 +21,7 @@
 
 use std::ops::Range;
 use std::sync::Arc;
+use std::time::Instant;
 
 use wasmtime::{Caller, Extern, Linker};
 
@@ -60,6 +62,10 @@ const EVENTTYPE_CLOCK: u8 = 0;
 const EVENTTYPE_FD_READ: u8 = 1;
 const EVENTTYPE_FD_WRITE: u8 = 2;
 const SUBCLOCKFLAGS_ABSTIME: u16 = 1;
+/// Bytes `random_get` fills between two looks at the call's deadline (a
+/// multiple of the generator's 8-byte words).
+const RANDOM_PIECE: usize = 1 << 20;
+
 /// Most subscriptions one `poll_oneoff` takes; more is EINVAL. Its answers
 /// are gathered before they are written (subscriptions and events may
 /// share memory), so their number is bounded.
@@ -109,6 +115,8 @@ impl Wasi {
 /// A store's data that holds a [`Wasi`].
 pub(crate) trait WasiView {
     fn wasi(&mut self) -> &mut Wasi;
+    /// When the running call must have returned, on the wall clock.
+    fn deadline(&self) -> Instant;
 }
 
 /// A module's memory, as one call of a WASI function reads and writes it.
@@ -274,9 +282,19 @@ fn add_process<T: WasiView + 'static>(linker: &mut Linker<T>) -> wasmtime::Resul
         MODULE,
         "random_get",
         |mut c: Caller<'_, T>, buf: i32, len: i32| -> wasmtime::Result<i32> {
+            let deadline = c.data().deadline();
             let (mut mem, wasi) = guest(&mut c, "random_get")?;
             let env = wasi.env.clone();
-            env.fill_random(mem.bytes_mut(buf, len as u32 as usize, "the buffer")?);
+            // Filling most of a large memory takes a while: stopped at the
+            // call's deadline as running wasm is. Whole words per piece, so
+            // the bytes are those of one fill.
+            let buffer = mem.bytes_mut(buf, len as u32 as usize, "the buffer")?;
+            for piece in buffer.chunks_mut(RANDOM_PIECE) {
+                if Instant::now() >= deadline {
+                    return Err(wasmtime::Trap::Interrupt.into());
+                }
+                env.fill_random(piece);
+            }
             Ok(SUCCESS)
         },
     )?;

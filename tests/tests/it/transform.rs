@@ -117,6 +117,43 @@ fn an_infinite_loop_times_out() {
     assert!(text.contains("200ms"), "{text}");
 }
 
+/// `random_get` asked to fill 256 MiB: a host function, where the epoch
+/// does not reach. With time enough the fill ends and the batch passes;
+/// with a 20 ms limit it stops at the deadline (`timeout`) in well under
+/// half the time the whole fill took. (Without that, the call still ends
+/// as `timeout`, but only when the next wasm function is entered after the
+/// whole fill.)
+#[test]
+fn random_get_over_a_large_memory_stops_at_the_deadline() {
+    let engine = engine();
+    let fill = "(drop (memory.grow (i32.const 4096))) \
+                (drop (call $random (i32.const 131072) (i32.const 268435456))) \
+                (i64.const 0x100000000a)";
+    let module = |timeout| {
+        let limits = Limits {
+            timeout,
+            memory: 300 << 20,
+            ..Limits::default()
+        };
+        load(&engine, &adversarial(fill, PROBE_IMPORTS), limits)
+    };
+    let whole = module(Duration::from_secs(60));
+    let started = Instant::now();
+    let answer = Chain::new(std::slice::from_ref(&whole))
+        .run(batch(BAD))
+        .expect("the whole fill ends in time");
+    assert!(answer.is_empty());
+    let whole_fill = started.elapsed();
+    let started = Instant::now();
+    let text = assert_fails_then_recovers(&module(Duration::from_millis(20)), "timeout");
+    let stopped = started.elapsed();
+    assert!(text.contains("20ms"), "{text}");
+    assert!(
+        stopped < whole_fill / 2,
+        "stopped after {stopped:?}; the whole fill took {whole_fill:?}"
+    );
+}
+
 #[test]
 fn fuel_runs_out_when_metered() {
     let engine = Engine::new(EngineOptions {
