@@ -262,19 +262,19 @@ fn write_value(out: &mut Vec<u8>, value: &Value) -> Result<(), EncodeError> {
         }
         Value::Float(f) => rmp::encode::write_f64(out, *f)?,
         Value::Text(t) => rmp::encode::write_str(out, t)?,
-        // Tagged: a map of one entry, as `Value`'s serializer writes it.
-        Value::Numeric(n) => {
-            rmp::encode::write_map_len(out, 1)?;
-            rmp::encode::write_str(out, "numeric")?;
-            rmp::encode::write_str(out, n)?;
-        }
-        Value::Json(j) => {
-            rmp::encode::write_map_len(out, 1)?;
-            rmp::encode::write_str(out, "json")?;
-            rmp::encode::write_str(out, j)?;
-        }
+        Value::Numeric(n) => write_tagged(out, "numeric", n)?,
+        Value::Json(j) => write_tagged(out, "json", j)?,
         other => rmp_serde::encode::write_named(out, other)?,
     }
+    Ok(())
+}
+
+/// A tagged value, as `Value`'s serializer writes it: a map of one entry,
+/// the tag to the text.
+fn write_tagged(out: &mut Vec<u8>, tag: &str, text: &str) -> Result<(), EncodeError> {
+    rmp::encode::write_map_len(out, 1)?;
+    rmp::encode::write_str(out, tag)?;
+    rmp::encode::write_str(out, text)?;
     Ok(())
 }
 
